@@ -1,0 +1,101 @@
+"""What the planner asks the adapters to do: plain data, applied in order by the reconciler.
+
+Every action is idempotent ("make it so"): applying one twice, or after a crash, changes nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .api import GreyReleaseStatus
+
+
+@dataclass(frozen=True)
+class EnsureCanary:
+    """The canary Deployment exists, is built from the stable template with ``image``, and has
+    ``replicas`` replicas."""
+
+    replicas: int
+    image: str
+    version: str
+
+
+@dataclass(frozen=True)
+class ScaleStable:
+    """The stable Deployment has ``replicas`` replicas."""
+
+    replicas: int
+
+
+@dataclass(frozen=True)
+class SetStableImage:
+    """The stable Deployment runs ``image`` on ``replicas`` replicas (promotion, or restoring it)."""
+
+    image: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class DeleteCanary:
+    """The canary Deployment is deleted in the foreground, so it disappears only after its pods."""
+
+
+@dataclass(frozen=True)
+class PrepareRouting:
+    """The routing objects exist with the canary at weight 0 (canary Service/Ingress, stable narrowing)."""
+
+
+@dataclass(frozen=True)
+class SetWeight:
+    """The canary gets ``weight`` percent of the traffic (0 = none: this is the abort)."""
+
+    weight: int
+    header_match: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class RestoreStableSelector:
+    """The stable Service selects on the user's labels again (before the stable Deployment rolls)."""
+
+
+@dataclass(frozen=True)
+class ResetRouting:
+    """Everything the router added is gone and the user's objects are as they were."""
+
+
+@dataclass(frozen=True)
+class RemoveAnnotations:
+    """The GreyRelease no longer carries these annotations (consumed one-shot requests)."""
+
+    keys: tuple[str, ...]
+
+
+Action = (
+    EnsureCanary
+    | ScaleStable
+    | SetStableImage
+    | DeleteCanary
+    | PrepareRouting
+    | SetWeight
+    | RestoreStableSelector
+    | ResetRouting
+    | RemoveAnnotations
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: GreyReleaseStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    #: Seconds until the release should be looked at again; None: only when something changes.
+    requeue_after: float | None = None
+    #: Deletion only: everything is cleaned up and the finalizer may go.
+    done: bool = False

@@ -1,0 +1,394 @@
+"""The GreyRelease API (``greyrelease.io/v1``): the one source of truth for the CRD and the controller.
+
+The CRD in ``crds/`` is generated from these models by :mod:`greyrelease.crd`; the controller parses every
+object it reads with them. Validation that the API server can do (types, ranges, patterns, CEL rules) is
+declared here so a bad object is refused at ``kubectl apply`` with a message that names the field; what
+needs the cluster (how many replicas the target has) is checked by the planner, which marks the release
+``InvalidSpec`` without touching a workload.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GROUP = "greyrelease.io"
+VERSION = "v1"
+KIND = "GreyRelease"
+PLURAL = "greyreleases"
+SINGULAR = "greyrelease"
+SHORT_NAMES = ["gr"]
+
+#: Annotations users write. They live under our own prefix: kopf hides annotations under its own.
+ANNOTATION_PREFIX = "greyrelease.io/"
+ABORT_ANNOTATION = ANNOTATION_PREFIX + "abort"
+PAUSE_ANNOTATION = ANNOTATION_PREFIX + "pause"
+PROMOTE_ANNOTATION = ANNOTATION_PREFIX + "promote"
+RETRY_ANNOTATION = ANNOTATION_PREFIX + "retry"
+
+#: Labels the controller puts on the canary pods (never on the stable ones: that would roll them).
+TRACK_LABEL = "greyrelease.io/track"
+VERSION_LABEL = "greyrelease.io/version"
+RELEASE_LABEL = "greyrelease.io/release"
+#: The label the Deployment controller gives every pod of a ReplicaSet; narrowing a Service selector to
+#: the stable ReplicaSet's value cuts the canary off without restarting a pod.
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+MAX_BATCHES = 50
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+PERCENT_PATTERN = r"^(100|[1-9][0-9]?)%$"
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# A Kubernetes object name (DNS-1123 subdomain) and an image reference without spaces.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+VERSION_PATTERN = r"^[A-Za-z0-9._:/@+-]+$"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as ``90s``, ``1m30s`` or ``250ms``.
+
+    >>> parse_duration("1m30s")
+    90.0
+    """
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration such as 30s, 5m or 1h30m")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class _Model(BaseModel):
+    # populate_by_name: the models are built from camelCase JSON and from Python alike.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+class _Camel(_Model):
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, frozen=True, alias_generator=_camel
+    )
+
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+Replicas = Annotated[
+    int | Annotated[str, Field(pattern=PERCENT_PATTERN)],
+    Field(description='Canary replicas: a count ("2") or a share of the stable replicas ("20%").'),
+]
+
+
+class TargetRef(_Camel):
+    kind: Literal["Deployment"] = Field("Deployment", description="Only Deployment is supported.")
+    name: str = Field(
+        min_length=1, max_length=253, pattern=NAME_PATTERN, description="The stable Deployment."
+    )
+
+
+class Batch(_Camel):
+    replicas: Replicas
+    weight: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="Percent of traffic to the canary in this batch (router modes). "
+        "Defaults to the replica share.",
+    )
+    pause: Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)] | None = (
+        Field(
+            None,
+            description='How long to hold the batch before moving on ("30s"), or "manual" to wait '
+            "for greyrelease.io/promote. Absent: move on as soon as the batch is ready.",
+        )
+    )
+    header_match: dict[str, str] | None = Field(
+        None,
+        description="Router modes: send requests with these headers to the canary whatever the weight.",
+    )
+
+    @field_validator("replicas")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+
+class ServiceRouting(_Camel):
+    name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
+
+
+class NginxRouting(_Camel):
+    ingress: str = Field(min_length=1, max_length=246, pattern=NAME_PATTERN)
+    stable_service: str = Field(min_length=1, max_length=56, pattern=NAME_PATTERN)
+    annotation_prefix: str = Field("nginx.ingress.kubernetes.io", min_length=1, max_length=200)
+
+
+class GatewayRouting(_Camel):
+    http_route: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
+    stable_service: str = Field(min_length=1, max_length=56, pattern=NAME_PATTERN)
+
+
+class TrafficRouting(_Camel):
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=_camel,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "[has(self.service), has(self.nginx), has(self.gatewayAPI)]"
+                    ".filter(x, x).size() == 1",
+                    "exactly one of service, nginx or gatewayAPI must be set",
+                )
+            ]
+        },
+    )
+    service: ServiceRouting | None = None
+    nginx: NginxRouting | None = None
+    gateway_api: GatewayRouting | None = Field(None, alias="gatewayAPI")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TrafficRouting:
+        if sum(x is not None for x in (self.service, self.nginx, self.gateway_api)) != 1:
+            raise ValueError("exactly one of service, nginx or gatewayAPI must be set")
+        return self
+
+
+class ThresholdRange(_Camel):
+    min: float | None = None
+    max: float | None = None
+
+
+class Compare(_Camel):
+    max_increase: float = Field(
+        ge=0, description="Fail when canary > stable * (1 + maxIncrease)."
+    )
+    floor: float = Field(
+        0.0, ge=0, description="Stable values below this count as this (avoids 0 * anything)."
+    )
+
+
+class Metric(_Camel):
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$")
+    query: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="PromQL. Placeholders: {{namespace}}, {{name}}, {{track}}, {{version}}, "
+        "{{batch}}, {{app}}.",
+    )
+    threshold_range: ThresholdRange | None = None
+    compare: Compare | None = None
+    on_no_data: Literal["fail", "pass", "wait"] = "wait"
+    failure_limit: int = Field(0, ge=0, le=100)
+    consecutive_error_limit: int = Field(4, ge=1, le=100)
+    successes_required: int = Field(1, ge=1, le=100)
+
+
+class SecretKeyRef(_Camel):
+    name: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class Prometheus(_Camel):
+    address: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$")
+    bearer_token_secret: SecretKeyRef | None = None
+    timeout: Duration = "5s"
+    insecure_skip_verify: bool = False
+
+
+class Analysis(_Camel):
+    prometheus: Prometheus
+    interval: Duration = "10s"
+    metrics: list[Metric] = Field(min_length=1, max_length=20)
+
+
+class GreyReleaseSpec(_Camel):
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=_camel,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.targetRef) != has(self.appName)",
+                    "exactly one of targetRef or appName must be set",
+                ),
+                _cel(
+                    "has(self.batches) != has(self.batchSize)",
+                    "exactly one of batches or batchSize (with canaryWeight) must be set",
+                ),
+                _cel(
+                    "has(self.batchSize) == has(self.canaryWeight)",
+                    "batchSize and canaryWeight go together",
+                ),
+            ]
+        },
+    )
+    target_ref: TargetRef | None = Field(None, description="The stable Deployment to release.")
+    app_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="Shorthand for targetRef: the one Deployment labelled app=<appName>.",
+    )
+    container: str | None = Field(
+        None,
+        max_length=63,
+        pattern=NAME_PATTERN,
+        description="The container whose image is released (default: the first).",
+    )
+    target_version: str = Field(
+        min_length=1,
+        max_length=255,
+        pattern=VERSION_PATTERN,
+        description="An image tag, or a full image reference when it contains ':' or '/'.",
+    )
+    batches: list[Batch] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_BATCHES,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.map(b, has(b.weight) ? b.weight : 0).isSorted()",
+                    "batch weights must never decrease",
+                ),
+                _cel(
+                    "!self.all(b, type(b.replicas) == int) || self.map(b, b.replicas).isSorted()",
+                    "batch replicas must never decrease",
+                ),
+            ]
+        },
+    )
+    batch_size: int | None = Field(
+        None, ge=1, le=10000, description="Shorthand: canary replicas added per batch."
+    )
+    canary_weight: int | None = Field(
+        None, ge=0, le=100, description="Shorthand: traffic percent added per batch."
+    )
+    pause: Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)] | None = (
+        Field(None, description="Shorthand: the pause of every batch but the last.")
+    )
+    traffic_routing: TrafficRouting | None = Field(
+        None,
+        description="How traffic reaches the canary. Absent: only replicas move, and an abort "
+        "scales the canary away.",
+    )
+    analysis: Analysis | None = None
+    progress_deadline_seconds: int = Field(600, ge=1, le=86400)
+    paused: bool = False
+
+    @model_validator(mode="after")
+    def _forms(self) -> GreyReleaseSpec:
+        if (self.target_ref is None) == (self.app_name is None):
+            raise ValueError("exactly one of targetRef or appName must be set")
+        if (self.batches is None) == (self.batch_size is None):
+            raise ValueError("exactly one of batches or batchSize (with canaryWeight) must be set")
+        if (self.batch_size is None) != (self.canary_weight is None):
+            raise ValueError("batchSize and canaryWeight go together")
+        if self.batches:
+            weights = [b.weight or 0 for b in self.batches]
+            if weights != sorted(weights):
+                raise ValueError("batches: weights must never decrease")
+        return self
+
+
+Phase = Literal[
+    "Initializing",
+    "Progressing",
+    "Paused",
+    "Promoting",
+    "Succeeded",
+    "RollingBack",
+    "Aborted",
+    "Failed",
+    "InvalidSpec",
+]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Aborted", "Failed", "InvalidSpec"})
+
+
+class Condition(_Camel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+class MetricStatus(_Camel):
+    name: str
+    value: float | None = None
+    stable_value: float | None = None
+    verdict: Literal["Pass", "Fail", "NoData", "Error", "Pending"] = "Pending"
+    message: str = ""
+    checked_at: str | None = None
+    successes: int = 0
+    failures: int = 0
+    consecutive_errors: int = 0
+
+
+class BatchRecord(_Camel):
+    batch: int
+    canary_replicas: int = 0
+    weight: int = 0
+    started_at: str | None = None
+    finished_at: str | None = None
+    result: str = ""
+
+
+class Restore(_Camel):
+    """What the release changed on objects the user owns, to put back exactly."""
+
+    replicas: int | None = None
+    image: str | None = None
+
+
+class GreyReleaseStatus(_Camel):
+    model_config = ConfigDict(
+        extra="ignore", populate_by_name=True, frozen=True, alias_generator=_camel
+    )
+    phase: Phase | None = None
+    message: str = ""
+    batch: str = Field("", description="currentBatch/totalBatches, for kubectl get.")
+    current_batch: int = 0
+    total_batches: int = 0
+    canary_weight: int = 0
+    canary_replicas: int = 0
+    stable_replicas: int = 0
+    stable_version: str = ""
+    target_version: str = ""
+    target_name: str = Field("", description="The Deployment being released.")
+    end_phase: str = Field("", description="While RollingBack: the phase it ends in (Aborted or Failed).")
+    stable_pod_template_hash: str = ""
+    restore: Restore = Field(default_factory=Restore)
+    observed_generation: int = 0
+    phase_started_at: str | None = None
+    batch_started_at: str | None = None
+    batch_ready_at: str | None = None
+    next_check_at: str | None = None
+    last_promotion: str = ""
+    conditions: list[Condition] = Field(default_factory=list)
+    metrics: list[MetricStatus] = Field(default_factory=list)
+    history: list[BatchRecord] = Field(default_factory=list)
+
+
+class GreyRelease(_Camel):
+    """A whole object as read from the API server (only what the controller uses)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: GreyReleaseSpec
+    status: GreyReleaseStatus = Field(default_factory=GreyReleaseStatus)

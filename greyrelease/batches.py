@@ -1,0 +1,124 @@
+"""Batch arithmetic: a spec and the stable replica count in, the table of batches out. Pure.
+
+Worked example (shorthand ``batchSize: 3, canaryWeight: 25`` over 10 replicas)::
+
+    batch  canary  weight
+    1      3       25
+    2      6       50
+    3      9       75
+    4      10      100      <- the last batch is always all replicas and all traffic
+
+In Service mode (and with no traffic routing) traffic follows the replica ratio, so the stable Deployment
+shrinks as the canary grows (stable = replicas - canary) and the weight is the canary's share of the pods.
+With an nginx Ingress or a Gateway API route the weight is set explicitly and the stable Deployment keeps
+all its replicas, so an abort can send everything back to it at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .api import GreyReleaseSpec, parse_duration
+
+MANUAL = "manual"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One batch, resolved against the stable replica count."""
+
+    number: int  # 1-based
+    canary_replicas: int
+    stable_replicas: int
+    weight: int
+    pause: float | str | None  # seconds, MANUAL, or None (no pause)
+    header_match: dict[str, str] | None = None
+
+    @property
+    def pause_label(self) -> str:
+        if self.pause is None:
+            return "-"
+        if self.pause == MANUAL:
+            return MANUAL
+        return f"{self.pause:g}s"
+
+
+class PlanError(ValueError):
+    """The spec cannot be honoured against the cluster as it is (e.g. replicas decrease)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _pause(value: str | None) -> float | str | None:
+    if value is None:
+        return None
+    if value == MANUAL:
+        return MANUAL
+    seconds = parse_duration(value)
+    return seconds or None
+
+
+def _resolve_replicas(value: int | str, total: int) -> int:
+    """``2`` -> 2; ``"20%"`` of 10 -> 2 (rounded up, at least 1); never more than ``total``."""
+    if isinstance(value, str):
+        count = math.ceil(total * int(value.rstrip("%")) / 100)
+        return min(max(count, 1), total)
+    return min(value, total)
+
+
+def share(canary: int, total: int) -> int:
+    """The canary's share of ``total`` pods in percent (2 of 10 -> 20)."""
+    return 0 if total <= 0 else round(100 * canary / total)
+
+
+def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
+    """The batches of ``spec`` for a stable Deployment of ``total`` replicas.
+
+    Raises :class:`PlanError` naming the field when the plan cannot be honoured.
+    """
+    if total < 1:
+        raise PlanError("spec.targetRef", "the Deployment has 0 replicas; scale it up to release it")
+    weighted = spec.traffic_routing is not None and spec.traffic_routing.service is None
+    rows: list[tuple[int, int | None, float | str | None, dict[str, str] | None]] = []
+    if spec.batches is not None:
+        for b in spec.batches:
+            rows.append((_resolve_replicas(b.replicas, total), b.weight, _pause(b.pause), b.header_match))
+    else:
+        assert spec.batch_size is not None and spec.canary_weight is not None
+        count = math.ceil(total / spec.batch_size)
+        if weighted and spec.canary_weight > 0:
+            count = max(count, math.ceil(100 / spec.canary_weight))
+        for k in range(1, count + 1):
+            rows.append(
+                (min(k * spec.batch_size, total), min(k * spec.canary_weight, 100), _pause(spec.pause), None)
+            )
+        # The shorthand's pause holds every batch but the last: after the last comes promotion.
+        last = rows[-1]
+        rows[-1] = (last[0], last[1], None, None)
+
+    steps: list[Step] = []
+    for i, (canary, weight, pause, headers) in enumerate(rows, start=1):
+        if i == len(rows):
+            canary, weight = total, 100
+        if steps and canary < steps[-1].canary_replicas:
+            raise PlanError(
+                f"spec.batches[{i - 1}].replicas",
+                f"{canary} canary replicas is fewer than the {steps[-1].canary_replicas} of the batch before",
+            )
+        if not weighted or weight is None:
+            weight = share(canary, total)
+        if steps and weight < steps[-1].weight:
+            raise PlanError(f"spec.batches[{i - 1}].weight", "weights must never decrease")
+        stable = total if weighted else total - canary
+        steps.append(Step(i, canary, stable, weight, pause, headers))
+    return steps
+
+
+def earliest_finish(steps: list[Step]) -> float | None:
+    """Seconds of pauses the release waits at least, or None when a batch waits for approval."""
+    if any(s.pause == MANUAL for s in steps):
+        return None
+    return sum(float(s.pause) for s in steps if isinstance(s.pause, (int, float)))

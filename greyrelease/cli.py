@@ -1,0 +1,163 @@
+"""The ``greyrelease`` command: run the controller, show a release's plan offline, print the CRD."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from .api import KIND, GreyReleaseSpec
+from .batches import MANUAL, PlanError, earliest_finish, expand
+
+
+def _validation_message(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        lines.append(f"spec.{loc}: {e['msg']}" if loc else f"spec: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_release(file: str) -> dict[str, Any]:
+    text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    for doc in yaml.safe_load_all(text):
+        if isinstance(doc, dict) and doc.get("kind") == KIND:
+            return doc
+    raise SystemExit(f"error: no {KIND} in {file}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"
+
+
+def print_plan(doc: dict[str, Any], replicas: int, out: TextIO = sys.stdout) -> int:
+    try:
+        spec = GreyReleaseSpec.model_validate(doc.get("spec") or {})
+        steps = expand(spec, replicas)
+    except ValidationError as err:
+        print(f"error: {_validation_message(err)}", file=sys.stderr)
+        return 2
+    except PlanError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    name = doc.get("metadata", {}).get("name", "?")
+    routing = spec.traffic_routing
+    mode = "replica ratio" if routing is None else next(
+        k for k, v in (("service", routing.service), ("nginx", routing.nginx), ("gatewayAPI", routing.gateway_api)) if v
+    )
+    print(f"GreyRelease {name}: {spec.target_version} over {replicas} replicas, traffic by {mode}", file=out)
+    gates = ", ".join(m.name for m in spec.analysis.metrics) if spec.analysis else "-"
+    header = f"{'BATCH':<6} {'CANARY':>6} {'STABLE':>6} {'WEIGHT':>6}  {'PAUSE':<8} GATES"
+    print(header, file=out)
+    for s in steps:
+        print(
+            f"{s.number:<6} {s.canary_replicas:>6} {s.stable_replicas:>6} {s.weight:>5}%  {s.pause_label:<8} {gates}",
+            file=out,
+        )
+    finish = earliest_finish(steps)
+    if finish is None:
+        manual = sum(1 for s in steps if s.pause == MANUAL)
+        print(f"earliest finish: after {manual} manual approval(s)", file=out)
+    else:
+        print(f"earliest finish: {_duration(finish)} of pauses after the start, plus rollout time", file=out)
+    return 0
+
+
+def _replicas_from_cluster(doc: dict[str, Any]) -> int | None:
+    try:
+        from .kubeclient import KubeClient
+        from .reconciler import deployments_path
+
+        spec = doc.get("spec") or {}
+        ns = doc.get("metadata", {}).get("namespace", "default")
+        kube = KubeClient.from_environment()
+        if spec.get("targetRef"):
+            d = kube.get(deployments_path(ns, spec["targetRef"]["name"]))
+            found = [d] if d else []
+        else:
+            found = kube.list(deployments_path(ns), label_selector=f"app={spec.get('appName')}")
+        if len(found) == 1:
+            return int(found[0]["spec"].get("replicas", 1))
+    except Exception:  # noqa: BLE001 - offline is the normal case
+        return None
+    return None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    doc = load_release(args.file)
+    replicas = args.replicas if args.replicas is not None else _replicas_from_cluster(doc)
+    if replicas is None:
+        print("error: pass --replicas N (the target Deployment could not be read)", file=sys.stderr)
+        return 2
+    return print_plan(doc, replicas)
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .crd import render
+
+    text = render()
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import operator  # noqa: F401 - registers the handlers
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.kubeconfig:
+        import os
+
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    namespaces = args.namespace or []
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not namespaces,
+            namespaces=namespaces or None,
+            standalone=True,
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        )
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="greyrelease", description="Progressive batch releases for Kubernetes.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the controller against the current kubeconfig")
+    run.add_argument("-n", "--namespace", action="append", help="watch only this namespace (repeatable)")
+    run.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    run.add_argument("--health-port", type=int, default=0, help="serve /healthz on this port")
+    run.add_argument("-v", "--verbose", action="store_true")
+    run.set_defaults(func=cmd_run)
+
+    plan = sub.add_parser("plan", help="show the batches of a GreyRelease without a cluster")
+    plan.add_argument("-f", "--file", required=True, help="a YAML file with a GreyRelease ('-' for stdin)")
+    plan.add_argument("--replicas", type=int, help="replicas of the target Deployment")
+    plan.set_defaults(func=cmd_plan)
+
+    crd = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the models")
+    crd.add_argument("-o", "--output", help="write to this file")
+    crd.set_defaults(func=cmd_crd)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""A thin Kubernetes REST client over plain dicts.
+
+The objects the controller handles are read and written as the JSON the API server speaks (the same shape
+as the YAML users write), with explicit patch types and typed errors. Credentials come from the
+``kubernetes`` package's loaders (kubeconfig or in-cluster), so every auth method it supports works here.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Conflict(ApiError):
+    pass
+
+
+def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
+    cfg = k8s_client.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return cfg
+
+
+class KubeClient:
+    """GET/LIST/CREATE/PATCH/DELETE on API paths. Thread-safe (one connection pool)."""
+
+    def __init__(self, cfg: k8s_client.Configuration, *, timeout: float = 15.0) -> None:
+        self._cfg = cfg
+        self.host = cfg.host.rstrip("/")
+        kwargs: dict[str, Any] = {"maxsize": 16, "timeout": urllib3.Timeout(total=timeout)}
+        if self.host.startswith("https"):
+            if cfg.verify_ssl:
+                kwargs["cert_reqs"] = ssl.CERT_REQUIRED
+                kwargs["ca_certs"] = cfg.ssl_ca_cert
+            else:
+                kwargs["cert_reqs"] = ssl.CERT_NONE
+            if cfg.cert_file:
+                kwargs["cert_file"] = cfg.cert_file
+                kwargs["key_file"] = cfg.key_file
+        self._pool = urllib3.PoolManager(**kwargs)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None) -> KubeClient:
+        return cls(load_configuration(kubeconfig))
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "greyrelease"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        with self._lock:
+            if self._cfg.refresh_api_key_hook is not None:
+                self._cfg.refresh_api_key_hook(self._cfg)
+            token = self._cfg.get_api_key_with_prefix("authorization") or self._cfg.get_api_key_with_prefix(
+                "BearerToken"
+            )
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> dict[str, Any]:
+        url = self.host + path + ("?" + urlencode(query) if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        resp = self._pool.request(method, url, body=data, headers=self._headers(content_type))
+        payload: dict[str, Any] = {}
+        if resp.data:
+            try:
+                payload = json.loads(resp.data)
+            except ValueError:
+                payload = {"message": resp.data.decode(errors="replace")}
+        if resp.status >= 400:
+            error = {404: NotFound, 409: Conflict}.get(resp.status, ApiError)
+            raise error(resp.status, str(payload.get("reason", "")), str(payload.get("message", "")))
+        return payload
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path)
+        except NotFound:
+            return None
+
+    def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        return list(self.request("GET", path, query=query).get("items") or [])
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", path, body=body)
+
+    def patch(self, path: str, body: Any, *, patch_type: str = MERGE) -> dict[str, Any]:
+        return self.request("PATCH", path, body=body, content_type=patch_type)
+
+    def delete(self, path: str, *, propagation: str = "Background") -> bool:
+        """Delete; False when it was already gone."""
+        try:
+            self.request(
+                "DELETE",
+                path,
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+            )
+            return True
+        except NotFound:
+            return False
+
+
+def path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+    """The REST path of a collection or object: ``path("apps", "v1", "deployments", "ns", "web")``."""
+    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
+    if namespace is not None:
+        base += f"/namespaces/{quote(namespace)}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{quote(name)}"
+    if sub is not None:
+        base += f"/{sub}"
+    return base

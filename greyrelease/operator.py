@@ -1,0 +1,193 @@
+"""kopf wiring: when to reconcile which release. The decisions live in :mod:`greyrelease.planner`.
+
+Continuation ("RequeueAfter"): every GreyRelease gets a per-object async daemon that reconciles, then
+sleeps until the plan's ``requeue_after`` or until it is woken. It is woken by
+
+- an event on the GreyRelease that changes its generation, annotations or deletion mark (so abort,
+  pause and promote act within a second), and
+- an event on a Deployment it watches (the target or its canary), so readiness is seen as it happens
+  instead of by polling.
+
+Why a daemon rather than ``TemporaryError(delay=...)`` handlers: a handler retried by kopf keeps its retry
+state in annotations (a write per step) and cannot be cut short by an abort until its delay runs out; a
+daemon sleeps in memory for free and wakes on an ``asyncio.Event`` at once. Nothing durable lives in the
+daemon: it rereads the object and plans from ``status`` on every pass, so a restarted controller resumes
+where the last one stopped. Deletion is the exception: kopf stops the daemon when the object is marked
+for deletion, and an ``on.delete`` handler (retried with ``TemporaryError``) puts the app back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+import kopf
+
+from .api import ANNOTATION_PREFIX, GROUP, PLURAL, RELEASE_LABEL, VERSION
+from .kubeclient import KubeClient
+from .reconciler import Outcome, Reconciler
+
+log = logging.getLogger("greyrelease")
+
+#: A release with nothing scheduled still looks again this often (reads only, no writes when idle).
+IDLE_RESYNC = 300.0
+ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+Key = tuple[str, str]
+
+
+class Registry:
+    """In-memory wiring between watch events and the daemons that should wake on them."""
+
+    def __init__(self) -> None:
+        self.wake: dict[Key, asyncio.Event] = {}
+        self.by_deployment: dict[Key, set[Key]] = defaultdict(set)
+        self.watching: dict[Key, tuple[str, ...]] = {}
+        self.last_seen: dict[Key, Any] = {}
+
+    def event_for(self, key: Key) -> asyncio.Event:
+        return self.wake.setdefault(key, asyncio.Event())
+
+    def watch(self, key: Key, deployments: tuple[str, ...]) -> None:
+        if self.watching.get(key) == deployments:
+            return
+        self.unwatch(key)
+        self.watching[key] = deployments
+        for name in deployments:
+            self.by_deployment[(key[0], name)].add(key)
+
+    def unwatch(self, key: Key) -> None:
+        for name in self.watching.pop(key, ()):
+            releases = self.by_deployment.get((key[0], name))
+            if releases is not None:
+                releases.discard(key)
+                if not releases:
+                    del self.by_deployment[(key[0], name)]
+
+    def forget(self, key: Key) -> None:
+        self.unwatch(key)
+        self.wake.pop(key, None)
+        self.last_seen.pop(key, None)
+
+    def poke(self, key: Key) -> None:
+        event = self.wake.get(key)
+        if event is not None:
+            event.set()
+
+
+REGISTRY = Registry()
+_state: dict[str, Any] = {}
+
+
+def reconciler() -> Reconciler:
+    if "reconciler" not in _state:
+        _state["reconciler"] = Reconciler(KubeClient.from_environment())
+    return _state["reconciler"]
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Our finalizer and kopf's bookkeeping live under our own prefix.
+    settings.persistence.finalizer = "greyrelease.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="greyrelease.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="greyrelease.io", key="last-handled-configuration"
+    )
+    # Events are posted deliberately, one per transition; kopf's log lines are not copied into them.
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+    reconciler()
+
+
+def _post(body: Any, outcome: Outcome) -> None:
+    for ev in outcome.plan.events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+
+
+async def _reconcile_once(namespace: str, name: str, body: Any) -> Outcome | None:
+    outcome = await asyncio.to_thread(reconciler().reconcile, namespace, name)
+    if outcome is not None:
+        _post(body, outcome)
+    return outcome
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def release_daemon(
+    name: str, namespace: str, body: kopf.Body, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any
+) -> None:
+    key = (namespace, name)
+    wake = REGISTRY.event_for(key)
+    errors = 0
+    try:
+        while not stopped:
+            wake.clear()
+            timeout: float | None
+            try:
+                outcome = await _reconcile_once(namespace, name, body)
+                errors = 0
+                if outcome is None:
+                    return
+                REGISTRY.watch(key, outcome.watched)
+                timeout = outcome.plan.requeue_after
+            except Exception as err:  # noqa: BLE001 - a failed pass is retried; the error is logged
+                timeout = ERROR_BACKOFF[min(errors, len(ERROR_BACKOFF) - 1)]
+                errors += 1
+                logger.warning(f"reconcile failed ({err}); retrying in {timeout:g}s")
+            if timeout is None:
+                timeout = IDLE_RESYNC
+            if timeout > 0:
+                await _sleep(wake, stopped, timeout)
+    finally:
+        REGISTRY.unwatch(key)
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    """Until ``timeout`` passes, the release is woken, or the daemon is asked to stop."""
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+def _fingerprint(body: kopf.Body) -> Any:
+    meta = body.get("metadata", {})
+    ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    ours = {k: v for k, v in ours.items() if k not in ("greyrelease.io/last-handled-configuration",)}
+    return (meta.get("generation"), tuple(sorted(ours.items())), meta.get("deletionTimestamp"))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def release_changed(body: kopf.Body, name: str, namespace: str, type: str, **_: Any) -> None:
+    """Wake the release's daemon when its spec or annotations change (not on our own status writes)."""
+    key = (namespace, name)
+    if type == "DELETED":
+        REGISTRY.forget(key)
+        return
+    fingerprint = _fingerprint(body)
+    if REGISTRY.last_seen.get(key) != fingerprint:
+        REGISTRY.last_seen[key] = fingerprint
+        REGISTRY.poke(key)
+
+
+@kopf.on.event("apps", "v1", "deployments")
+def deployment_changed(name: str, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    """Wake the releases that watch this Deployment (its readiness may have changed)."""
+    for key in list(REGISTRY.by_deployment.get((namespace, name), ())):
+        REGISTRY.poke(key)
+    owner = labels.get(RELEASE_LABEL)
+    if owner:
+        REGISTRY.poke((namespace, owner))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def release_deleted(name: str, namespace: str, body: kopf.Body, **_: Any) -> None:
+    """Put the app back as it was before the release began, then let the object go."""
+    outcome = await _reconcile_once(namespace, name, body)
+    if outcome is not None and not outcome.plan.done:
+        raise kopf.TemporaryError("restoring the stable Deployment and removing the canary", delay=1)
+    REGISTRY.forget((namespace, name))

@@ -1,0 +1,36 @@
+"""Event reasons and condition types: named once, so `kubectl describe gr` tells a consistent story."""
+
+from __future__ import annotations
+
+# Event reasons
+RELEASE_STARTED = "ReleaseStarted"
+BATCH_STARTED = "BatchStarted"
+BATCH_READY = "BatchReady"
+BATCH_PASSED = "BatchPassed"
+WAITING_FOR_APPROVAL = "WaitingForApproval"
+PROMOTED = "Promoted"
+PAUSED = "Paused"
+RESUMED = "Resumed"
+PROMOTING = "Promoting"
+SUCCEEDED = "Succeeded"
+ALREADY_AT_TARGET = "AlreadyAtTarget"
+ABORTED = "Aborted"
+ROLLING_BACK = "RollingBack"
+ROLLED_BACK = "RolledBack"
+RESTARTED = "Restarted"
+RETRIED = "Retried"
+INVALID_SPEC = "InvalidSpec"
+PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
+TARGET_DELETED = "TargetDeleted"
+CANARY_CONFLICT = "CanaryConflict"
+ROUTING_ERROR = "RoutingError"
+ANALYSIS_FAILED = "AnalysisFailed"
+METRIC_CHECK_FAILED = "MetricCheckFailed"
+CLEANED_UP = "CleanedUp"
+
+# Condition types (Kubernetes style: each True/False with a reason)
+COND_PROGRESSING = "Progressing"
+COND_PAUSED = "Paused"
+COND_COMPLETED = "Completed"
+COND_INVALID_SPEC = "InvalidSpec"
+COND_HEALTHY = "Healthy"

@@ -1,0 +1,223 @@
+"""One reconcile of one GreyRelease: observe, decide (pure), act, record.
+
+The order is what makes a crash harmless: the actions of a plan are applied first, in order, and the
+status is written last. A controller killed in between plans again from the old status; since every
+action is idempotent, re-applying it is a no-op, and the transition is recorded on the next pass.
+The status is written only when it differs, so an idle release costs reads, never writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import reasons as R
+from .actions import (
+    Action,
+    DeleteCanary,
+    EnsureCanary,
+    Event,
+    Plan,
+    PrepareRouting,
+    RemoveAnnotations,
+    ResetRouting,
+    RestoreStableSelector,
+    ScaleStable,
+    SetStableImage,
+    SetWeight,
+)
+from .api import ANNOTATION_PREFIX, GROUP, TRACK_LABEL, PLURAL, VERSION, GreyReleaseSpec, GreyReleaseStatus
+from .kubeclient import MERGE, STRATEGIC, KubeClient, path
+from .planner import Observed, decide, fmt_time, parse_time
+from .routers import Router, router_for
+from .workload import (
+    build_canary,
+    canary_name,
+    canary_patch,
+    controller_uid,
+    current_template_hash,
+    stable_image_patch,
+    workload_of,
+)
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+def release_path(namespace: str, name: str, sub: str | None = None) -> str:
+    return path(GROUP, VERSION, PLURAL, namespace, name, sub)
+
+
+def deployments_path(namespace: str, name: str | None = None) -> str:
+    return path("apps", "v1", "deployments", namespace, name)
+
+
+@dataclass
+class Outcome:
+    """What a reconcile did: the plan, and the names of the Deployments it watched."""
+
+    plan: Plan
+    watched: tuple[str, ...] = ()
+    invalid: bool = False
+
+
+@dataclass
+class _World:
+    """The objects read for this reconcile, kept for the actions that need their full bodies."""
+
+    release: Obj
+    spec: GreyReleaseSpec
+    status: GreyReleaseStatus
+    target: Obj | None
+    canary: Obj | None
+    router: Router
+
+
+class Reconciler:
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+
+    # --- observe ----------------------------------------------------------------------------------
+
+    def _targets(self, namespace: str, spec: GreyReleaseSpec) -> list[Obj]:
+        if spec.target_ref is not None:
+            found = self.kube.get(deployments_path(namespace, spec.target_ref.name))
+            return [found] if found is not None else []
+        # The canary copies the stable's labels, so it is left out by its track label.
+        return self.kube.list(deployments_path(namespace), label_selector=f"app={spec.app_name},!{TRACK_LABEL}")
+
+    def _template_hash(self, namespace: str, deployment: Obj) -> str:
+        labels = deployment.get("spec", {}).get("selector", {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        replicasets = self.kube.list(path("apps", "v1", "replicasets", namespace), label_selector=selector or None)
+        return current_template_hash(deployment, replicasets)
+
+    def observe(self, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus) -> tuple[Observed, _World]:
+        meta = release["metadata"]
+        namespace = meta["namespace"]
+        targets = self._targets(namespace, spec)
+        target = targets[0] if len(targets) == 1 else None
+        template_hash = ""
+        if target is not None and not status.stable_pod_template_hash:
+            template_hash = self._template_hash(namespace, target)
+        target_name = target["metadata"]["name"] if target is not None else status.target_name
+        canary = self.kube.get(deployments_path(namespace, canary_name(target_name))) if target_name else None
+        router = router_for(self.kube, namespace=namespace, release=release, spec=spec, status=status)
+        routing_error = router.problem() if status.phase in (None, "Initializing", "InvalidSpec") else ""
+        candidates = tuple(
+            workload_of(d, spec.container, template_hash if d is target else "") for d in targets
+        )
+        deletion = parse_time(meta.get("deletionTimestamp"))
+        observed = Observed(
+            candidates=candidates,
+            canary=workload_of(canary, spec.container) if canary is not None else None,
+            annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)},
+            generation=int(meta.get("generation", 1)),
+            uid=meta.get("uid", ""),
+            deleting=deletion is not None,
+            deletion_started=deletion,
+            routing_error=routing_error,
+        )
+        return observed, _World(release, spec, status, target, canary, router)
+
+    # --- act --------------------------------------------------------------------------------------
+
+    def _apply(self, action: Action, w: _World) -> None:
+        meta = w.release["metadata"]
+        namespace = meta["namespace"]
+        container = w.spec.container
+        match action:
+            case EnsureCanary(replicas=replicas, image=image, version=version):
+                assert w.target is not None
+                desired = build_canary(
+                    w.target, w.release, image=image, version=version, replicas=replicas, container=container
+                )
+                if w.canary is None:
+                    w.canary = self.kube.create(deployments_path(namespace), desired)
+                elif controller_uid(w.canary) != meta["uid"]:
+                    raise RuntimeError(f"refusing to change Deployment {w.canary['metadata']['name']}: not ours")
+                elif (patch := canary_patch(w.canary, desired)) is not None:
+                    w.canary = self.kube.patch(deployments_path(namespace, desired["metadata"]["name"]), patch)
+            case ScaleStable(replicas=replicas):
+                if w.target is not None and w.target["spec"].get("replicas") != replicas:
+                    w.target = self.kube.patch(
+                        deployments_path(namespace, w.target["metadata"]["name"]), {"spec": {"replicas": replicas}}
+                    )
+            case SetStableImage(image=image, replicas=replicas):
+                if w.target is not None:
+                    patch = stable_image_patch(w.target, image=image, replicas=replicas, container=container)
+                    if patch is not None:
+                        w.target = self.kube.patch(
+                            deployments_path(namespace, w.target["metadata"]["name"]), patch, patch_type=STRATEGIC
+                        )
+            case DeleteCanary():
+                canary = w.canary
+                if canary is not None and controller_uid(canary) == meta["uid"] and not canary["metadata"].get("deletionTimestamp"):
+                    # Foreground: the Deployment goes only after its pods, so "canary gone" means gone.
+                    self.kube.delete(deployments_path(namespace, canary["metadata"]["name"]), propagation="Foreground")
+            case PrepareRouting():
+                w.router.prepare()
+            case SetWeight(weight=weight, header_match=headers):
+                w.router.set_weight(weight, headers)
+            case RestoreStableSelector():
+                w.router.restore_stable_selector()
+            case ResetRouting():
+                w.router.reset()
+            case RemoveAnnotations(keys=keys):
+                present = [k for k in keys if k in (meta.get("annotations") or {})]
+                if present:
+                    self.kube.patch(
+                        release_path(namespace, meta["name"]),
+                        {"metadata": {"annotations": {k: None for k in present}}},
+                    )
+            case _:
+                raise TypeError(f"unknown action {action!r}")
+
+    def write_status(self, release: Obj, status: GreyReleaseStatus) -> bool:
+        """Write ``status`` when it differs from what the object has; True when written."""
+        new = status.model_dump(by_alias=True, mode="json")
+        old = release.get("status") or {}
+        if all(old.get(k) == v for k, v in new.items()):
+            return False
+        meta = release["metadata"]
+        self.kube.patch(release_path(meta["namespace"], meta["name"], "status"), {"status": new}, patch_type=MERGE)
+        return True
+
+    # --- the whole pass ---------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str, *, now: datetime | None = None) -> Outcome | None:
+        """Observe, plan, act, record. None when the GreyRelease is gone."""
+        release = self.kube.get(release_path(namespace, name))
+        if release is None:
+            return None
+        now = now or datetime.now(timezone.utc)
+        status = GreyReleaseStatus.model_validate(release.get("status") or {})
+        try:
+            spec = GreyReleaseSpec.model_validate(release.get("spec") or {})
+        except ValidationError as err:
+            return self._invalid_spec(release, status, err, now)
+        observed, world = self.observe(release, spec, status)
+        plan = decide(spec, status, observed, now)
+        for action in plan.actions:
+            self._apply(action, world)
+        if not observed.deleting:
+            self.write_status(release, plan.status)
+        watched = tuple(n for n in (world.target and world.target["metadata"]["name"], plan.status.target_name) if n)
+        watched += tuple(canary_name(n) for n in watched)
+        return Outcome(plan=plan, watched=watched)
+
+    def _invalid_spec(self, release: Obj, status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Outcome:
+        """A spec the API server let through but the models refuse (e.g. an older CRD): mark it."""
+        first = err.errors()[0]
+        field = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
+        message = f"{field}: {first['msg']}"
+        new = status.model_copy(update={"phase": "InvalidSpec", "message": message})
+        if status.phase != "InvalidSpec":
+            new = new.model_copy(update={"phase_started_at": fmt_time(now)})
+        plan = Plan(status=new, events=(Event("Warning", R.INVALID_SPEC, message),) if status.message != message else ())
+        self.write_status(release, new)
+        return Outcome(plan=plan, invalid=True)

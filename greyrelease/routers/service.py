@@ -1,0 +1,37 @@
+"""Service mode: one Service selects both tracks, so traffic follows the replica ratio.
+
+The weight of a batch is the canary's share of the pods; the router's only lever is the abort: weight 0
+narrows the Service to the stable ReplicaSet (see :mod:`.selector`), any other weight restores it.
+"""
+
+from __future__ import annotations
+
+from ..api import GreyReleaseStatus
+from ..kubeclient import KubeClient
+from .selector import ServiceSelector
+
+
+class ServiceRouter:
+    def __init__(self, kube: KubeClient, *, namespace: str, service: str, status: GreyReleaseStatus) -> None:
+        self.selector = ServiceSelector(kube, namespace=namespace, name=service)
+        self.stable_hash = status.stable_pod_template_hash
+
+    def problem(self) -> str:
+        if self.selector.get() is None:
+            return f"spec.trafficRouting.service.name: Service {self.selector.name!r} not found"
+        return ""
+
+    def prepare(self) -> None:
+        """Nothing to create: the user's Service already selects both tracks."""
+
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+        if weight == 0:
+            self.selector.narrow(self.stable_hash)
+        else:
+            self.selector.restore()
+
+    def restore_stable_selector(self) -> None:
+        self.selector.restore()
+
+    def reset(self) -> None:
+        self.selector.restore()

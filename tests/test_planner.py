@@ -1,0 +1,521 @@
+"""Table tests of the pure release state machine (no cluster)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from greyrelease import reasons as R
+from greyrelease.actions import (
+    DeleteCanary,
+    EnsureCanary,
+    PrepareRouting,
+    RemoveAnnotations,
+    ResetRouting,
+    RestoreStableSelector,
+    ScaleStable,
+    SetStableImage,
+    SetWeight,
+)
+from greyrelease.api import ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION
+from greyrelease.planner import decide
+
+from .world import T0, UID, World, spec, workload
+
+SERVICE = {"service": {"name": "web"}}
+NGINX = {"nginx": {"ingress": "web", "stableService": "web"}}
+
+
+def started(world: World) -> World:
+    """Step the world into batch 1 (Initializing -> Progressing)."""
+    world.step()
+    assert world.status.phase == "Progressing"
+    return world
+
+
+def hold(world: World):
+    """Step until the current batch is live (canary ready, weight set); the plan that made it so."""
+    for _ in range(5):
+        plan = world.step()
+        if plan.status.batch_ready_at is not None:
+            return plan
+    raise AssertionError(f"batch never became ready: {world.status.message}")
+
+
+def reasons(world: World) -> list[str]:
+    return [e.reason for p in world.plans for e in p.events]
+
+
+# --- starting ---------------------------------------------------------------------------------------
+
+
+def test_start_records_what_it_will_restore_and_acts_on_nothing_but_routing() -> None:
+    w = World(spec(trafficRouting=SERVICE))
+    plan = w.step()
+    st = plan.status
+    assert (st.phase, st.current_batch, st.total_batches, st.batch) == ("Progressing", 1, 5, "1/5")
+    assert st.restore.replicas == 10 and st.restore.image == "app:v1"
+    assert st.stable_version == "v1" and st.target_version == "v2"
+    assert st.stable_pod_template_hash == "stablehash"
+    assert plan.actions == (PrepareRouting(),)
+    assert plan.requeue_after == 0
+    assert R.RELEASE_STARTED in reasons(w)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "field_text"),
+    [
+        ((), "spec.appName: no Deployment is labelled app=web"),
+        ((workload("web"), workload("web-2")), "spec.appName: 2 Deployments are labelled app=web (web, web-2)"),
+    ],
+    ids=["appName-matches-none", "appName-matches-two"],
+)
+def test_target_missing_or_ambiguous_is_invalid_and_touches_nothing(candidates, field_text) -> None:
+    w = World(spec(targetRef=None, appName="web"), stable=None, extra_candidates=candidates)
+    plan = w.step()
+    assert plan.status.phase == "InvalidSpec"
+    assert plan.status.message.startswith(field_text)
+    assert plan.actions == ()
+    assert plan.requeue_after and plan.requeue_after > 0
+    assert any(e.type == "Warning" and e.reason == R.INVALID_SPEC for e in plan.events)
+    assert {c.type: c.status for c in plan.status.conditions}[R.COND_INVALID_SPEC] == "True"
+
+
+def test_invalid_release_starts_once_the_deployment_appears() -> None:
+    w = World(spec(), stable=None)
+    assert w.step().status.phase == "InvalidSpec"
+    w.stable = workload()
+    assert w.step().status.phase == "Progressing"
+
+
+def test_missing_container_is_invalid() -> None:
+    plan = World(spec(container="sidecar")).step()
+    assert plan.status.phase == "InvalidSpec"
+    assert "spec.container" in plan.status.message
+
+
+def test_canary_name_taken_by_someone_else_is_refused() -> None:
+    foreign = workload("web-canary", replicas=1, owner_uid="someone-else")
+    plan = World(spec(), canary=foreign).step()
+    assert plan.status.phase == "InvalidSpec"
+    assert "not owned by this release" in plan.status.message
+    assert plan.actions == ()
+
+
+def test_decreasing_batches_are_invalid_with_the_field_named() -> None:
+    s = spec(batchSize=None, canaryWeight=None, batches=[{"replicas": "50%"}, {"replicas": 2}, {"replicas": 10}])
+    plan = World(s).step()
+    assert plan.status.phase == "InvalidSpec"
+    assert plan.status.message.startswith("spec.batches[1].replicas")
+
+
+def test_already_at_target_succeeds_without_touching_anything() -> None:
+    plan = World(spec(targetVersion="v1")).step()
+    assert plan.status.phase == "Succeeded"
+    assert plan.actions == ()
+
+
+# --- batches ----------------------------------------------------------------------------------------
+
+
+def test_batch_grows_canary_before_shrinking_stable_then_moves_traffic() -> None:
+    w = started(World(spec(trafficRouting=SERVICE)))
+    w.pods_get_ready = False
+    plan = w.step()
+    # Canary first; the stable keeps all its replicas while the canary is not ready.
+    assert plan.actions == (EnsureCanary(replicas=2, image="app:v2", version="v2"),)
+    assert plan.status.batch_ready_at is None
+    assert "waiting for 2 canary pods (0 ready)" in plan.status.message
+    w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
+    plan = w.step()
+    assert plan.actions == (ScaleStable(8), SetWeight(20, None))
+    st = plan.status
+    assert (st.canary_replicas, st.stable_replicas, st.canary_weight) == (2, 8, 20)
+    assert st.batch_ready_at is not None
+
+
+def test_full_release_in_service_mode_ends_with_stable_on_target_and_no_canary() -> None:
+    w = World(spec(trafficRouting=SERVICE, pause="30s"))
+    phases = w.run(until={"Succeeded"})
+    assert "Promoting" in phases
+    assert w.stable is not None and w.stable.image == "app:v2" and w.stable.replicas == 10
+    assert w.canary is None and not w.narrowed
+    assert w.status.stable_version == "v2" and w.status.restore.replicas is None
+    batches = [r.batch for r in w.status.history]
+    assert batches == [1, 2, 3, 4, 5]
+    assert all(r.result == "passed" for r in w.status.history)
+    # Each timed pause took its 30 s: 4 pauses (the last batch has none), never shortened.
+    assert w.now - T0 >= timedelta(seconds=120)
+
+
+def test_router_mode_keeps_stable_at_full_size_and_sets_explicit_weights() -> None:
+    w = World(spec(trafficRouting=NGINX, batchSize=5, canaryWeight=10))
+    weights = []
+    for _ in range(100):
+        plan = w.step()
+        weights += [a.weight for a in plan.actions if isinstance(a, SetWeight)]
+        assert w.stable is not None and w.stable.replicas == 10
+        if plan.status.phase == "Succeeded":
+            break
+        w.advance(max(plan.requeue_after or 1, 0))
+    assert w.status.phase == "Succeeded"
+    assert weights[:10] == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+    assert weights[-1] == 0  # weight back to the promoted stable before the canary goes
+
+
+def test_timed_pause_waits_exactly_and_requeues_for_the_rest() -> None:
+    w = started(World(spec(pause="30s")))
+    plan = hold(w)
+    assert plan.requeue_after == 30
+    w.advance(10)
+    plan = w.step()
+    assert plan.status.current_batch == 1 and plan.requeue_after == pytest.approx(20)
+    w.advance(20)
+    plan = w.step()
+    assert plan.status.current_batch == 2
+    assert plan.status.history[0].result == "passed"
+
+
+def test_manual_pause_waits_for_promote_next_and_consumes_it() -> None:
+    w = started(World(spec(pause="manual")))
+    plan = hold(w)
+    assert R.WAITING_FOR_APPROVAL in [e.reason for e in plan.events]
+    assert plan.requeue_after is None
+    w.advance(3600)
+    plan = w.step()
+    assert plan.status.current_batch == 1 and "waiting for approval" in plan.status.message
+    assert {c.type: c.status for c in plan.status.conditions}[R.COND_PAUSED] == "True"
+    w.annotations[PROMOTE_ANNOTATION] = "next"
+    plan = w.step()
+    assert plan.actions[0] == RemoveAnnotations((PROMOTE_ANNOTATION,))
+    assert plan.status.current_batch == 2 and PROMOTE_ANNOTATION not in w.annotations
+    # The same plan replayed (a repeated event) does not promote batch 2.
+    w.step()
+    plan = w.step()
+    assert plan.status.current_batch == 2 and plan.status.batch_ready_at is not None
+
+
+def test_promote_full_skips_to_promotion() -> None:
+    w = started(World(spec(pause="manual")))
+    hold(w)
+    w.annotations[PROMOTE_ANNOTATION] = "full"
+    plan = w.step()
+    assert plan.status.phase == "Promoting"
+    assert w.run(until={"Succeeded"})[-1] == "Succeeded"
+    assert w.stable is not None and w.stable.image == "app:v2" and w.stable.replicas == 10
+
+
+def test_unknown_promote_value_is_removed_and_reported() -> None:
+    w = started(World(spec(pause="manual")))
+    hold(w)
+    w.annotations[PROMOTE_ANNOTATION] = "sideways"
+    plan = w.step()
+    assert plan.status.current_batch == 1
+    assert PROMOTE_ANNOTATION not in w.annotations
+    assert any(e.type == "Warning" for e in plan.events)
+
+
+@pytest.mark.parametrize("how", ["annotation", "spec"], ids=["pause-annotation", "spec-paused"])
+def test_pause_holds_and_resume_continues(how: str) -> None:
+    w = started(World(spec(pause="10s")))
+    hold(w)
+    if how == "annotation":
+        w.annotations[PAUSE_ANNOTATION] = "true"
+    else:
+        w.spec = w.spec.model_copy(update={"paused": True})
+    plan = w.step()
+    assert plan.status.phase == "Paused" and R.PAUSED in [e.reason for e in plan.events]
+    w.advance(600)
+    plan = w.step()
+    assert plan.status.phase == "Paused" and plan.status.current_batch == 1 and plan.actions == ()
+    if how == "annotation":
+        del w.annotations[PAUSE_ANNOTATION]
+    else:
+        w.spec = w.spec.model_copy(update={"paused": False})
+    plan = w.step()
+    assert plan.status.phase == "Progressing" and R.RESUMED in [e.reason for e in plan.events]
+    w.advance(10)
+    plan = w.step()
+    assert plan.status.current_batch == 2
+
+
+def test_pause_annotation_false_does_not_pause() -> None:
+    w = started(World(spec()))
+    w.annotations[PAUSE_ANNOTATION] = "false"
+    assert w.step().status.phase == "Progressing"
+
+
+def test_progress_deadline_fails_the_release_and_rolls_back() -> None:
+    w = started(World(spec(trafficRouting=SERVICE, progressDeadlineSeconds=60)))
+    w.pods_get_ready = False
+    plan = w.step()
+    assert plan.requeue_after is not None and plan.requeue_after <= 60
+    w.advance(61)
+    plan = w.step()
+    assert plan.actions[0] == SetWeight(0)
+    assert plan.status.phase == "RollingBack"
+    assert any(e.reason == R.PROGRESS_DEADLINE for e in plan.events)
+    w.pods_get_ready = True
+    w.run(until={"Failed"})
+    assert w.canary is None and w.stable is not None and w.stable.replicas == 10 and w.stable.image == "app:v1"
+    assert "0/2 canary pods ready after 60s" in w.status.message
+    assert not w.narrowed
+
+
+def test_a_failed_analysis_rolls_back() -> None:
+    from greyrelease.planner import MetricVerdict
+
+    w = started(World(spec(trafficRouting=SERVICE, pause="30s")))
+    hold(w)
+    obs = replace(w.observed(), analysis=MetricVerdict(passed=False, failed=True, message="error-rate 0.5 > 0.05"))
+    plan = decide(w.spec, w.status, obs, w.now)
+    assert plan.actions[0] == SetWeight(0)
+    assert plan.status.phase == "RollingBack" and "error-rate 0.5" in plan.status.message
+
+
+def test_pending_analysis_holds_the_batch_after_its_pause() -> None:
+    from greyrelease.planner import MetricVerdict
+
+    w = started(World(spec(pause="5s")))
+    hold(w)
+    w.advance(6)
+    obs = replace(w.observed(), analysis=MetricVerdict(passed=False, failed=False, message="latency: no data"))
+    plan = decide(w.spec, w.status, obs, w.now)
+    assert plan.status.current_batch == 1 and "latency: no data" in plan.status.message
+
+
+# --- abort ------------------------------------------------------------------------------------------
+
+
+def _to_phase(phase: str) -> World:
+    w = World(spec(trafficRouting=SERVICE, pause="manual"))
+    if phase == "Initializing":
+        w.stable = replace(w.stable, template_hash="")
+        w.step()
+        assert w.status.phase == "Initializing"
+        w.stable = replace(w.stable, template_hash="stablehash")
+        return w
+    w.step()
+    hold(w)
+    if phase == "Paused":
+        w.annotations[PAUSE_ANNOTATION] = "true"
+        w.step()
+    if phase == "Promoting":
+        w.annotations[PROMOTE_ANNOTATION] = "full"
+        w.step()
+        w.pods_get_ready = False
+        w.step()  # the stable is rolling to the target
+        w.pods_get_ready = True
+    assert w.status.phase == phase
+    return w
+
+
+@pytest.mark.parametrize("phase", ["Initializing", "Progressing", "Paused", "Promoting"])
+def test_abort_in_every_phase_cuts_traffic_first_and_ends_aborted(phase: str) -> None:
+    w = _to_phase(phase)
+    w.annotations[ABORT_ANNOTATION] = "true"
+    plan = w.step()
+    assert plan.actions[0] == SetWeight(0)
+    # With nothing to undo (no canary yet) the rollback completes in the same pass.
+    assert plan.status.phase in ("RollingBack", "Aborted") and plan.status.canary_weight == 0
+    assert any(e.reason == R.ABORTED and e.type == "Warning" for e in plan.events)
+    w.run(until={"Aborted"})
+    assert w.canary is None
+    assert w.stable is not None and w.stable.image == "app:v1" and w.stable.replicas == 10
+    assert not w.narrowed
+    # Sticky: nothing moves while the annotation stays.
+    plan = w.step()
+    assert plan.status.phase == "Aborted" and plan.actions == ()
+
+
+def test_abort_before_start_changes_nothing() -> None:
+    w = World(spec(), annotations={ABORT_ANNOTATION: "true"})
+    plan = w.step()
+    assert plan.status.phase == "Aborted" and plan.actions == ()
+
+
+def test_rollback_keeps_canary_until_stable_is_ready() -> None:
+    w = started(World(spec(trafficRouting=SERVICE)))
+    hold(w)  # batch 1 ready: stable 8, canary 2
+    w.annotations[ABORT_ANNOTATION] = "true"
+    w.pods_get_ready = False
+    plan = w.step()
+    assert SetStableImage("app:v1", 10) in plan.actions
+    assert DeleteCanary() not in plan.actions
+    assert w.canary is not None
+    w.pods_get_ready = True
+    w.stable = replace(w.stable, ready=10, updated=10, available=10, total=10)
+    plan = w.step()
+    assert DeleteCanary() in plan.actions
+
+
+def test_retry_restarts_an_aborted_release_and_consumes_the_abort() -> None:
+    w = _to_phase("Progressing")
+    w.annotations[ABORT_ANNOTATION] = "true"
+    w.run(until={"Aborted"})
+    w.annotations[RETRY_ANNOTATION] = "1"
+    plan = w.step()
+    assert RemoveAnnotations((ABORT_ANNOTATION, RETRY_ANNOTATION)) in plan.actions
+    assert plan.status.phase == "Progressing" and plan.status.current_batch == 1
+    assert R.RETRIED in [e.reason for e in plan.events]
+    assert ABORT_ANNOTATION not in w.annotations
+
+
+def test_new_version_after_abort_starts_a_new_release() -> None:
+    w = _to_phase("Progressing")
+    w.annotations[ABORT_ANNOTATION] = "true"
+    w.run(until={"Aborted"})
+    w.spec = w.spec.model_copy(update={"target_version": "v3"})
+    plan = w.step()
+    assert plan.status.phase == "Progressing" and plan.status.target_version == "v3"
+    assert ABORT_ANNOTATION not in w.annotations
+
+
+# --- new target version mid-release ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("phase", ["Progressing", "Paused", "Promoting"])
+def test_new_target_version_mid_release_restarts_from_batch_one(phase: str) -> None:
+    w = _to_phase(phase)
+    w.annotations.pop(PAUSE_ANNOTATION, None)
+    w.spec = w.spec.model_copy(update={"target_version": "v3"})
+    plan = w.step()
+    assert plan.actions[0] == SetWeight(0)
+    if phase == "Promoting":
+        assert RestoreStableSelector() in plan.actions and SetStableImage("app:v1", 10) in plan.actions
+    assert R.RESTARTED in [e.reason for e in plan.events]
+    plan = w.step()
+    assert plan.status.current_batch == 1 and plan.status.target_version == "v3"
+    assert plan.status.history[-1].batch == 1
+    w.step()
+    assert w.canary is not None and w.canary.image == "app:v3"
+    assert w.status.restore.image == "app:v1"
+
+
+# --- promotion --------------------------------------------------------------------------------------
+
+
+def test_promotion_waits_for_the_stable_rollout_then_removes_the_canary() -> None:
+    w = World(spec(trafficRouting=NGINX, batchSize=10, canaryWeight=100))
+    w.run(until={"Promoting"})
+    w.pods_get_ready = False
+    plan = w.step()
+    assert plan.actions == (RestoreStableSelector(), SetStableImage("app:v2", 10))
+    plan = w.step()
+    assert "0/10 stable pods ready" in plan.status.message and w.canary is not None
+    w.stable = replace(w.stable, ready=10, updated=10, available=10, total=10)
+    plan = w.step()
+    assert plan.actions == (SetWeight(0), DeleteCanary())
+    plan = w.step()
+    assert plan.actions == (ResetRouting(),) and plan.status.phase == "Succeeded"
+
+
+def test_service_mode_promotion_never_narrows_to_the_old_hash() -> None:
+    w = World(spec(trafficRouting=SERVICE, batchSize=10, canaryWeight=100))
+    w.run(until={"Succeeded"})
+    promoting = [p for p in w.plans if p.status.phase in ("Promoting", "Succeeded")]
+    assert all(SetWeight(0) not in p.actions for p in promoting)
+
+
+def test_promotion_deadline_rolls_back_to_the_original_image() -> None:
+    w = World(spec(batchSize=10, canaryWeight=100, progressDeadlineSeconds=30))
+    w.run(until={"Promoting"})
+    w.pods_get_ready = False
+    w.step()
+    w.advance(31)
+    plan = w.step()
+    assert plan.status.phase == "RollingBack"
+    assert SetStableImage("app:v1", 10) in plan.actions
+    w.pods_get_ready = True
+    w.stable = replace(w.stable, ready=0)
+    w.run(until={"Failed"})
+    assert w.stable is not None and w.stable.image == "app:v1"
+
+
+# --- target or canary deleted -----------------------------------------------------------------------
+
+
+def test_target_deleted_mid_release_fails_and_removes_the_canary() -> None:
+    w = started(World(spec(trafficRouting=SERVICE)))
+    hold(w)
+    w.stable = None
+    w.run(until={"Failed"})
+    assert w.canary is None
+    assert "is gone" in w.status.message
+
+
+def test_canary_deleted_mid_release_is_recreated() -> None:
+    w = started(World(spec(pause="60s")))
+    hold(w)
+    w.canary = None
+    w.advance(61)
+    w.step()  # advances to batch 2
+    plan = w.step()
+    assert EnsureCanary(replicas=4, image="app:v2", version="v2") in plan.actions
+    assert w.canary is not None
+
+
+# --- deletion ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("phase", ["Progressing", "Paused", "Promoting"])
+def test_deletion_mid_release_restores_the_app(phase: str) -> None:
+    w = _to_phase(phase)
+    w.deleting = True
+    for _ in range(10):
+        plan = w.step()
+        if plan.done:
+            break
+    assert plan.done
+    assert w.canary is None and not w.narrowed
+    assert w.stable is not None and w.stable.image == "app:v1" and w.stable.replicas == 10
+
+
+def test_deletion_of_a_finished_release_is_immediate() -> None:
+    w = World(spec(batchSize=10, canaryWeight=100))
+    w.run(until={"Succeeded"})
+    w.deleting = True
+    plan = w.step()
+    assert plan.done and plan.actions == ()
+
+
+# --- restarts: the same status and the same world give the same plan --------------------------------
+
+
+def _snapshots() -> list[tuple[str, World]]:
+    out = []
+    w = World(spec(trafficRouting=SERVICE, pause="20s"))
+    for i in range(60):
+        out.append((f"{i:02d}-{w.status.phase}-{w.status.current_batch}", World(**{**w.__dict__, "plans": []})))
+        plan = w.step()
+        if plan.status.phase == "Succeeded":
+            break
+        w.advance(plan.requeue_after if plan.requeue_after else 1)
+    return out
+
+
+@pytest.mark.parametrize(("label", "world"), _snapshots(), ids=[s[0] for s in _snapshots()])
+def test_resume_after_restart_never_skips_or_repeats_a_batch(label: str, world: World) -> None:
+    """A controller killed after acting but before recording plans the same step again: replaying a
+    step from the old status is harmless, and the batches still run 1..N once each."""
+    before = world.status
+    first = decide(world.spec, before, world.observed(), world.now)
+    for action in first.actions:
+        world.apply(action)
+    # The status write was lost: plan again from the old status against the changed world.
+    world.status = before
+    world.run(until={"Succeeded"}, tick=20)
+    started_batches = [r.batch for r in world.status.history]
+    assert started_batches == sorted(set(started_batches))
+    assert started_batches[-1] == 5
+    assert world.stable is not None and world.stable.image == "app:v2" and world.canary is None
+
+
+def test_decide_is_pure() -> None:
+    w = started(World(spec(trafficRouting=SERVICE)))
+    a = decide(w.spec, w.status, w.observed(), w.now)
+    b = decide(w.spec, w.status, w.observed(), w.now)
+    assert a == b
+    assert UID  # the world's release uid is what owns the canary

@@ -82,8 +82,18 @@ class _Camel(_Model):
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 Replicas = Annotated[
-    int | Annotated[str, Field(pattern=PERCENT_PATTERN)],
-    Field(description='Canary replicas: a count ("2") or a share of the stable replicas ("20%").'),
+    int | Annotated[str, Field(pattern=PERCENT_PATTERN, max_length=4)],
+    Field(
+        description='Canary replicas: a count (2) or a share of the stable replicas ("20%").',
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"type(self) == int ? self >= 1 : self.matches('{PERCENT_PATTERN}')",
+                    'replicas must be a count of at least 1 or a percentage from "1%" to "100%"',
+                )
+            ]
+        },
+    ),
 ]
 
 

@@ -126,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     asyncio.run(
         kopf.operator(
             clusterwide=not namespaces,
-            namespaces=namespaces or None,
+            namespaces=namespaces,
             standalone=True,
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         )

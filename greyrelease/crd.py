@@ -42,8 +42,13 @@ def _structural(node: Any, *, in_status: bool = False) -> Any:
         if len(options) == 1:
             node = {**options[0], **node}
         elif types == {"integer", "string"}:
+            # Structural schemas allow exactly this anyOf for int-or-string; the branches' own limits
+            # (minimum, pattern) are expressed as a CEL rule on the field instead.
             node["x-kubernetes-int-or-string"] = True
-            node["anyOf"] = options
+            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            lengths = [o["maxLength"] for o in options if "maxLength" in o]
+            if lengths:
+                node["maxLength"] = max(lengths)
         else:
             raise ValueError(f"cannot express {options} in a structural schema")
     if "const" in node:

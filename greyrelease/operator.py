@@ -95,8 +95,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="greyrelease.io", key="last-handled-configuration"
     )
-    # Events are posted deliberately, one per transition; kopf's log lines are not copied into them.
-    settings.posting.enabled = False
+    # Events are posted deliberately, one per transition; kopf's own log lines are not copied into
+    # them (only critical ones would be).
+    settings.posting.level = logging.CRITICAL
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
     reconciler()

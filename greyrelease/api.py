@@ -273,7 +273,7 @@ class GreyReleaseSpec(_Camel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "self.map(b, has(b.weight) ? b.weight : 0).isSorted()",
+                    "self.filter(b, has(b.weight)).map(b, b.weight).isSorted()",
                     "batch weights must never decrease",
                 ),
                 _cel(
@@ -310,7 +310,7 @@ class GreyReleaseSpec(_Camel):
         if (self.batch_size is None) != (self.canary_weight is None):
             raise ValueError("batchSize and canaryWeight go together")
         if self.batches:
-            weights = [b.weight or 0 for b in self.batches]
+            weights = [b.weight for b in self.batches if b.weight is not None]
             if weights != sorted(weights):
                 raise ValueError("batches: weights must never decrease")
         return self

@@ -1,0 +1,120 @@
+"""The models, the CRD generated from them, and the small pure helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from greyrelease.api import GreyReleaseSpec, parse_duration
+from greyrelease.batches import PlanError, expand
+from greyrelease.crd import render
+from greyrelease.images import label_value, split_tag, target_image, version_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("path", ["crds/greyrelease.io_greyreleases.yaml", "config/crd/greyrelease.io_greyreleases.yaml"])
+def test_checked_in_crd_is_what_the_models_generate(path: str) -> None:
+    assert (ROOT / path).read_text() == render(), f"{path} is stale: run `make crds`"
+
+
+def test_crd_carries_the_seed_fields_printer_columns_and_status_subresource() -> None:
+    crd = yaml.safe_load(render())
+    version = crd["spec"]["versions"][0]
+    props = version["schema"]["openAPIV3Schema"]["properties"]
+    for field in ("appName", "targetVersion", "batchSize", "canaryWeight"):
+        assert field in props["spec"]["properties"]
+    for field in ("currentBatch", "phase"):
+        assert field in props["status"]["properties"]
+    assert props["spec"]["properties"]["canaryWeight"]["maximum"] == 100
+    assert props["spec"]["properties"]["batchSize"]["minimum"] == 1
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:6] == ["Phase", "Batch", "Weight", "Target", "Stable", "Age"]
+    assert version["subresources"] == {"status": {}}
+    assert crd["spec"]["names"]["shortNames"] == ["gr"]
+
+
+BASE = {"targetRef": {"name": "web"}, "targetVersion": "v2"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({**BASE, "batchSize": 1}, "batchSize and canaryWeight go together"),
+        ({**BASE, "batchSize": 1, "canaryWeight": 10, "batches": [{"replicas": 1}]}, "exactly one of batches"),
+        ({"appName": "web", "targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 1}, "exactly one of targetRef"),
+        ({**BASE, "batchSize": 1, "canaryWeight": 101}, "canaryWeight"),
+        ({**BASE, "batchSize": 0, "canaryWeight": 10}, "batchSize"),
+        ({**BASE, "batches": [{"replicas": 0}]}, "replicas"),
+        ({**BASE, "batches": [{"replicas": "120%"}]}, "replicas"),
+        ({**BASE, "batches": [{"replicas": 1, "weight": 50}, {"replicas": 2, "weight": 10}]}, "weights must never decrease"),
+        ({**BASE, "batches": [{"replicas": 1, "pause": "soon"}]}, "pause"),
+        ({**BASE, "targetVersion": "v 2", "batchSize": 1, "canaryWeight": 1}, "targetVersion"),
+        ({**BASE, "batchSize": 1, "canaryWeight": 1, "colour": "grey"}, "colour"),
+    ],
+    ids=["shorthand-half", "both-forms", "both-targets", "weight-over-100", "zero-batch-size", "zero-replicas",
+         "percent-over-100", "decreasing-weights", "bad-duration", "space-in-version", "unknown-field"],
+)
+def test_bad_specs_are_refused_naming_the_field(spec: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        GreyReleaseSpec.model_validate(spec)
+    assert field in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30), ("1m30s", 90), ("250ms", 0.25), ("2h", 7200), ("1.5m", 90)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("fields", "replicas", "table"),
+    [
+        ({"batchSize": 3, "canaryWeight": 25}, 10, [(3, 7, 30), (6, 4, 60), (9, 1, 90), (10, 0, 100)]),
+        ({"batchSize": 3, "canaryWeight": 25, "trafficRouting": {"nginx": {"ingress": "i", "stableService": "s"}}},
+         10, [(3, 10, 25), (6, 10, 50), (9, 10, 75), (10, 10, 100)]),
+        ({"batches": [{"replicas": "20%", "weight": 5}, {"replicas": "50%", "weight": 40}, {"replicas": 3}],
+          "trafficRouting": {"gatewayAPI": {"httpRoute": "r", "stableService": "s"}}},
+         10, [(2, 10, 5), (5, 10, 40), (10, 10, 100)]),
+        ({"batches": [{"replicas": 1}, {"replicas": 50}]}, 4, [(1, 3, 25), (4, 0, 100)]),
+        ({"batchSize": 5, "canaryWeight": 50}, 3, [(3, 0, 100)]),
+    ],
+    ids=["shorthand-service", "shorthand-nginx", "percent-gateway", "clamped-to-replicas", "one-batch"],
+)
+def test_batch_tables(fields: dict, replicas: int, table: list[tuple[int, int, int]]) -> None:
+    steps = expand(GreyReleaseSpec.model_validate({**BASE, **fields}), replicas)
+    assert [(s.canary_replicas, s.stable_replicas, s.weight) for s in steps] == table
+
+
+def test_shorthand_pause_applies_to_every_batch_but_the_last() -> None:
+    steps = expand(GreyReleaseSpec.model_validate({**BASE, "batchSize": 2, "canaryWeight": 50, "pause": "manual"}), 4)
+    assert [s.pause for s in steps] == ["manual", None]
+
+
+def test_a_deployment_with_zero_replicas_cannot_be_released() -> None:
+    with pytest.raises(PlanError, match="0 replicas"):
+        expand(GreyReleaseSpec.model_validate({**BASE, "batchSize": 1, "canaryWeight": 50}), 0)
+
+
+@pytest.mark.parametrize(
+    ("image", "version", "expected"),
+    [
+        ("nginx:1.25", "1.27", "nginx:1.27"),
+        ("registry:5000/team/app:v1", "v2", "registry:5000/team/app:v2"),
+        ("app", "v2", "app:v2"),
+        ("app@sha256:abc", "v2", "app:v2"),
+        ("nginx:1.25", "ghcr.io/acme/web:2.0", "ghcr.io/acme/web:2.0"),
+    ],
+)
+def test_target_image(image: str, version: str, expected: str) -> None:
+    assert target_image(image, version) == expected
+
+
+def test_versions_and_label_values() -> None:
+    assert split_tag("registry:5000/app") == ("registry:5000/app", "")
+    assert version_of("registry:5000/app:v1") == "v1"
+    assert label_value("ghcr.io/acme/web:2.0") == "ghcr.io-acme-web-2.0"
+    assert len(label_value("x" * 100)) == 63

@@ -262,11 +262,12 @@ def external_cluster() -> Cluster | None:
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies, so a killed test run
-    or supervisor leaves no control plane behind."""
+    """Runs in the child before exec: ask Linux to kill it when its parent dies, so a killed test run or
+    supervisor leaves no process behind. SIGKILL, not SIGTERM: all components get the signal at once, and
+    a kube-apiserver shutting down gracefully while etcd is gone hangs indefinitely."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -346,12 +347,12 @@ class LocalCluster(Cluster):
 
     def start(self, timeout: float = 90.0) -> None:
         """Starts everything and returns once the nodes are Ready and pods can be created."""
-        missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-                   if not (self.bin / b).is_file()]  # fmt: skip
-        if missing:
-            raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run e2e/build/build.sh first")
         deadline = time.monotonic() + timeout
         try:
+            missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+                       if not (self.bin / b).is_file()]  # fmt: skip
+            if missing:
+                raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run e2e/build/build.sh first")
             self._prepare()
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
@@ -377,7 +378,7 @@ class LocalCluster(Cluster):
     # Steps --------------------------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        claim_workdir(self.workdir)
         (self.workdir / "logs").mkdir(exist_ok=True)
         self._pki = create_pki(
             self.workdir / "pki",
@@ -621,9 +622,38 @@ class LocalCluster(Cluster):
             raise TimeoutError(f"{exc}; still waiting for: {', '.join(pending)}\n{logs}") from None
 
 
+OWNER_FILE = "owner.pid"
+TEMP_PREFIXES = ("greyrelease-cluster-", "greyrelease-prometheus-")
+
+
+def claim_workdir(workdir: Path) -> Path:
+    """Records this process as the owner of `workdir`, for sweep_stale_workdirs()."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / OWNER_FILE).write_text(str(os.getpid()))
+    return workdir
+
+
+def new_workdir(prefix: str) -> Path:
+    return claim_workdir(Path(tempfile.mkdtemp(prefix=prefix)))
+
+
+def sweep_stale_workdirs() -> None:
+    """Removes temporary work directories whose owner died without cleaning up (e.g. a test run killed
+    with SIGKILL; its processes died with it, see _die_with_parent)."""
+    for prefix in TEMP_PREFIXES:
+        for workdir in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+            try:
+                owner = int((workdir / OWNER_FILE).read_text())
+            except (OSError, ValueError):
+                continue  # not ours, or just being created
+            if not _pid_alive(owner):
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
 def start_local_cluster(timeout: float = 90.0) -> LocalCluster:
     """A fresh cluster in a new temporary directory; call .stop() to remove both."""
-    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="greyrelease-cluster-")))
+    sweep_stale_workdirs()
+    cluster = LocalCluster(new_workdir("greyrelease-cluster-"))
     cluster.start(timeout=timeout)
     return cluster
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from e2e.cluster import Cluster, LocalCluster, external_cluster
+from e2e.cluster import Cluster, LocalCluster, external_cluster, new_workdir, sweep_stale_workdirs
 from e2e.prom import PrometheusStack, find_prometheus
 
 
@@ -27,12 +24,9 @@ def cluster() -> Iterator[Cluster]:
     if existing is not None:
         yield existing
         return
-    local = LocalCluster(Path(tempfile.mkdtemp(prefix="greyrelease-cluster-")))
-    try:
-        local.start()
-    except FileNotFoundError as exc:
-        shutil.rmtree(local.workdir, ignore_errors=True)
-        pytest.fail(f"cannot start the local cluster: {exc}")
+    sweep_stale_workdirs()
+    local = LocalCluster(new_workdir("greyrelease-cluster-"))
+    local.start()  # removes its work directory itself when it fails
     try:
         yield local
     finally:
@@ -45,7 +39,7 @@ def prometheus() -> Iterator[PrometheusStack]:
         binary = find_prometheus()
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    stack = PrometheusStack(Path(tempfile.mkdtemp(prefix="greyrelease-prometheus-")), binary)
+    stack = PrometheusStack(new_workdir("greyrelease-prometheus-"), binary)
     try:
         stack.start()
         yield stack

@@ -18,7 +18,14 @@ if have kube-apiserver && have kube-controller-manager && have kube-scheduler &&
   exit 0
 fi
 
-command -v go >/dev/null || { echo "error: Go is needed to build the local cluster binaries" >&2; exit 1; }
+command -v go >/dev/null || { echo "error: Go >= 1.21 is needed to build the local cluster binaries" >&2; exit 1; }
+# Kubernetes 1.37 needs Go 1.26; Go >= 1.21 fetches that toolchain from the module proxy by itself
+# (GOTOOLCHAIN=auto). Older Go, such as Debian 12's golang-go 1.19, cannot.
+go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
+if [ "${go_minor:-0}" -lt 21 ] 2>/dev/null; then
+  echo "error: $(go env GOVERSION) is too old; install Go >= 1.21 (https://go.dev/dl/)" >&2
+  exit 1
+fi
 mkdir -p "$BIN"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 

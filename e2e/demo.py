@@ -4,6 +4,7 @@ aborted with `kubectl annotate`. Uses the cluster KUBECONFIG points at when it i
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,7 @@ def run(cluster: Cluster) -> None:
         controller.stop()
         cluster.kubectl("delete", "gr", "--all", "-n", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:

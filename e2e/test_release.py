@@ -51,13 +51,26 @@ def test_full_release_in_four_batches(cluster: Cluster, namespace: str, controll
     rows: list[str] = []
     stop = threading.Event()
     watcher = watch_rows(cluster, namespace, stop, rows)
+    # The app keeps serving: the Service never has fewer ready pods than the 10 the user asked for.
+    serving: list[int] = []
+
+    def sample() -> None:
+        while not stop.is_set():
+            serving.append(len(endpoint_pods(cluster, namespace, "web")))
+            time.sleep(0.2)
+
+    wait_for(lambda: len(endpoint_pods(cluster, namespace, "web")) == 10, 30, "10 pods behind the Service")
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     batches = [{"replicas": 2, "pause": "2s"}, {"replicas": 5, "pause": "2s"}, {"replicas": 8, "pause": "2s"}, {"replicas": 10}]
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
     st = wait_phase(cluster, namespace, "web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
     time.sleep(0.5)
     stop.set()
     watcher.join(5)
+    sampler.join(5)
     assert st["phase"] == "Succeeded", (st, controller.logs())
+    assert len(serving) > 10 and min(serving) >= 10, serving
     # PHASE / BATCH / WEIGHT advanced through every batch, as `kubectl get gr -w` showed them.
     seen = {tuple(r.split()[1:4]) for r in rows if len(r.split()) >= 5}
     for batch, weight in (("1/4", "20"), ("2/4", "50"), ("3/4", "80"), ("4/4", "100")):

@@ -519,3 +519,16 @@ def test_decide_is_pure() -> None:
     b = decide(w.spec, w.status, w.observed(), w.now)
     assert a == b
     assert UID  # the world's release uid is what owns the canary
+
+
+def test_unsupported_routing_is_marked_invalid_before_anything_is_touched() -> None:
+    from greyrelease.routers import UnsupportedRouter
+
+    router = UnsupportedRouter("spec.trafficRouting.nginx: not supported by this controller version")
+    w = World(spec(trafficRouting=NGINX))
+    obs = replace(w.observed(), routing_error=router.problem())
+    plan = decide(w.spec, w.status, obs, w.now)
+    assert plan.status.phase == "InvalidSpec" and plan.actions == ()
+    assert plan.status.message.startswith("spec.trafficRouting.nginx")
+    with pytest.raises(RuntimeError):
+        router.set_weight(0)

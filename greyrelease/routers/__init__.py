@@ -47,11 +47,24 @@ def router_for(
         return ReplicaRouter(kube, namespace=namespace, release_uid=release["metadata"]["uid"], status=status)
     if routing.service is not None:
         return ServiceRouter(kube, namespace=namespace, service=routing.service.name, status=status)
-    if routing.nginx is not None:
-        from .nginx import NginxRouter
+    mode = "nginx" if routing.nginx is not None else "gatewayAPI"
+    return UnsupportedRouter(f"spec.trafficRouting.{mode}: not supported by this controller version")
 
-        return NginxRouter(kube, namespace=namespace, release=release, routing=routing.nginx, status=status)
-    from .gateway import GatewayRouter
 
-    assert routing.gateway_api is not None
-    return GatewayRouter(kube, namespace=namespace, release=release, routing=routing.gateway_api, status=status)
+class UnsupportedRouter:
+    """A routing mode this controller cannot drive: the release is marked InvalidSpec before anything
+    is touched (``problem`` is checked before the first action), and every write refuses."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def problem(self) -> str:
+        return self.reason
+
+    def _refuse(self, *_: object) -> None:
+        raise RuntimeError(self.reason)
+
+    prepare = restore_stable_selector = reset = _refuse
+
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+        self._refuse()

@@ -20,7 +20,7 @@ How a release moves::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -767,19 +767,3 @@ def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
                 Condition(type=ctype, status=value, reason=reason, message=message, last_transition_time=fmt_time(now))
             )
     return out
-
-
-def with_status(status: GreyReleaseStatus, **changes: Any) -> GreyReleaseStatus:
-    """A status with ``changes`` applied (for tests and callers that build statuses by hand)."""
-    return status.model_copy(update=changes)
-
-
-__all__ = [
-    "Observed",
-    "Workload",
-    "MetricVerdict",
-    "decide",
-    "fmt_time",
-    "parse_time",
-    "replace",
-]

@@ -8,7 +8,6 @@ The status is written only when it differs, so an idle release costs reads, neve
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -44,7 +43,6 @@ from .workload import (
     workload_of,
 )
 
-log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
@@ -62,7 +60,6 @@ class Outcome:
 
     plan: Plan
     watched: tuple[str, ...] = ()
-    invalid: bool = False
 
 
 @dataclass
@@ -220,4 +217,4 @@ class Reconciler:
             new = new.model_copy(update={"phase_started_at": fmt_time(now)})
         plan = Plan(status=new, events=(Event("Warning", R.INVALID_SPEC, message),) if status.message != message else ())
         self.write_status(release, new)
-        return Outcome(plan=plan, invalid=True)
+        return Outcome(plan=plan)

@@ -59,3 +59,13 @@ cluster-down: venv
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# The controller's container image (Dockerfile), with docker or podman, whichever is installed.
+IMAGE ?= greyrelease:0.1.0
+CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+
+.PHONY: image
+image:
+	@if [ -z "$(CONTAINER_ENGINE)" ]; then \
+	  echo "error: a container engine (docker or podman) is needed to build $(IMAGE)" >&2; exit 1; fi
+	$(CONTAINER_ENGINE) build -t $(IMAGE) .

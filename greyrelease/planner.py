@@ -51,6 +51,7 @@ from .api import (
     GreyReleaseStatus,
     Restore,
 )
+from .analysis import ERROR, FAIL, Check, Verdict, fold, next_check_at, verdict as judge_metrics
 from .batches import MANUAL, PlanError, Step, expand
 from .images import target_image, version_of
 
@@ -99,15 +100,6 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class MetricVerdict:
-    """The analysis gate's word on the current batch (filled by :mod:`greyrelease.analysis`)."""
-
-    passed: bool = True  # every metric has enough passing checks
-    failed: bool = False  # a metric failed past its limit
-    message: str = ""
-
-
-@dataclass(frozen=True)
 class Observed:
     """The world as the adapters read it for one reconcile."""
 
@@ -119,7 +111,7 @@ class Observed:
     deleting: bool = False
     deletion_started: datetime | None = None
     routing_error: str = ""  # the router cannot work with what it found (e.g. a Service is missing)
-    analysis: MetricVerdict | None = None
+    checks: tuple[Check, ...] = ()  # metric samples taken in this pass (only when a check was due)
 
 
 def fmt_time(t: datetime) -> str:
@@ -539,9 +531,9 @@ def _hold_batch(
     """The batch is live: wait for its pause and its gate, then move on."""
     st = b.status
     k, n = step.number, len(steps)
-    verdict = observed.analysis
-    if verdict is not None and verdict.failed:
-        _roll_back(b, spec, observed, end="Failed", reason=R.ANALYSIS_FAILED, message=verdict.message)
+    gate = _gate(b, spec, observed, k, n)
+    if gate is not None and gate.failed:
+        _roll_back(b, spec, observed, end="Failed", reason=R.ANALYSIS_FAILED, message=f"batch {k}/{n}: {gate.message}")
         return
 
     promote = observed.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
@@ -568,11 +560,44 @@ def _hold_batch(
     if next_check is not None and b.now < next_check:
         b.at(next_check)
         return
-    if verdict is not None and not verdict.passed:
-        b.set(message=f"batch {k}/{n}: weight {step.weight}%, waiting for the analysis: {verdict.message}")
-        b.again(CONVERGE_POLL)
+    if gate is not None and not gate.passed:
+        # No verdict yet (no data, or too few passing checks): wait, but not past the progress deadline.
+        held_since = next_check or parse_time(st.batch_ready_at) or b.now
+        deadline = held_since + timedelta(seconds=spec.progress_deadline_seconds)
+        if b.now >= deadline:
+            _roll_back(
+                b, spec, observed, end="Failed", reason=R.ANALYSIS_FAILED,
+                message=f"batch {k}/{n}: no passing analysis within {spec.progress_deadline_seconds}s "
+                f"(progressDeadlineSeconds): {gate.message}",
+            )
+            return
+        b.set(message=f"batch {k}/{n}: weight {step.weight}%, waiting for the analysis: {gate.message}")
+        b.at(deadline)
         return
     _advance(b, spec, steps, step, result="passed")
+
+
+def _gate(b: _Builder, spec: GreyReleaseSpec, observed: Observed, k: int, n: int) -> Verdict | None:
+    """Fold this pass's metric checks into the status and judge the batch; None without analysis."""
+    analysis = spec.analysis
+    if analysis is None:
+        return None
+    metrics = {m.name: m for m in b.status.metrics}
+    by_name = {m.name: m for m in analysis.metrics}
+    now = fmt_time(b.now)
+    for check in observed.checks:
+        metric = by_name.get(check.metric)
+        if metric is None:
+            continue
+        folded = fold(metric, metrics.get(metric.name), check, now)
+        metrics[metric.name] = folded
+        if folded.verdict in (FAIL, ERROR):
+            b.event(R.METRIC_CHECK_FAILED, f"batch {k}/{n}: metric {metric.name}: {folded.message}", warning=True)
+    ordered = [metrics[m.name] for m in analysis.metrics if m.name in metrics]
+    b.set(metrics=ordered)
+    live_since = parse_time(b.status.batch_ready_at) or b.now
+    b.at(next_check_at(analysis, ordered, live_since))
+    return judge_metrics(analysis, ordered)
 
 
 def _finish_batch(b: _Builder, k: int, result: str) -> None:
@@ -591,7 +616,8 @@ def _advance(b: _Builder, spec: GreyReleaseSpec, steps: list[Step], step: Step, 
         batch_started_at=now,
         batch_ready_at=None,
         next_check_at=None,
-        metrics=[],
+        # The last values stay visible; the counts start again, since only checks of the new batch count.
+        metrics=[m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0}) for m in b.status.metrics],
     )
     b.history(k + 1, started_at=now)
     b.phase("Progressing", f"batch {k + 1}/{n}: growing the canary")

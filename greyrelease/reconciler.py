@@ -8,7 +8,8 @@ The status is written only when it differs, so an idle release costs reads, neve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,9 +30,21 @@ from .actions import (
     SetStableImage,
     SetWeight,
 )
-from .api import ANNOTATION_PREFIX, GROUP, TRACK_LABEL, PLURAL, VERSION, GreyReleaseSpec, GreyReleaseStatus
+from .analysis import Check, Sample, due, render_query
+from .api import (
+    ANNOTATION_PREFIX,
+    GROUP,
+    PLURAL,
+    TRACK_LABEL,
+    VERSION,
+    Analysis,
+    GreyReleaseSpec,
+    GreyReleaseStatus,
+    parse_duration,
+)
 from .kubeclient import MERGE, STRATEGIC, KubeClient, path
 from .planner import Observed, decide, fmt_time, parse_time
+from .prometheus import Prometheus
 from .routers import Router, router_for
 from .workload import (
     build_canary,
@@ -77,6 +90,49 @@ class _World:
 class Reconciler:
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
+        self._prometheus: dict[tuple[str, str | None, str, bool], Prometheus] = {}
+
+    # --- metrics ----------------------------------------------------------------------------------
+
+    def _prometheus_for(self, namespace: str, analysis: Analysis) -> Prometheus:
+        prom = analysis.prometheus
+        token = None
+        if prom.bearer_token_secret is not None:
+            ref = prom.bearer_token_secret
+            secret = self.kube.get(path("", "v1", "secrets", namespace, ref.name)) or {}
+            raw = (secret.get("data") or {}).get(ref.key)
+            if raw is None:
+                raise ValueError(f"spec.analysis.prometheus.bearerTokenSecret: no key {ref.key!r} in Secret {ref.name!r}")
+            token = base64.b64decode(raw).decode().strip()
+        key = (prom.address, token, prom.timeout, prom.insecure_skip_verify)
+        if key not in self._prometheus:
+            self._prometheus[key] = Prometheus(
+                prom.address, token=token, timeout=parse_duration(prom.timeout), verify=not prom.insecure_skip_verify
+            )
+        return self._prometheus[key]
+
+    def _checks(self, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus) -> tuple[Check, ...]:
+        """Query every metric for the canary (and the stable track where compared). Errors are samples."""
+        assert spec.analysis is not None
+        meta = release["metadata"]
+        try:
+            prom = self._prometheus_for(meta["namespace"], spec.analysis)
+        except ValueError as err:
+            return tuple(Check(m.name, Sample(error=str(err))) for m in spec.analysis.metrics)
+        values = {
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "app": spec.app_name or status.target_name,
+            "batch": status.current_batch,
+        }
+        checks = []
+        for metric in spec.analysis.metrics:
+            canary = prom.sample(render_query(metric.query, track="canary", version=spec.target_version, **values))
+            stable = None
+            if metric.compare is not None:
+                stable = prom.sample(render_query(metric.query, track="stable", version=status.stable_version, **values))
+            checks.append(Check(metric.name, canary, stable))
+        return tuple(checks)
 
     # --- observe ----------------------------------------------------------------------------------
 
@@ -198,6 +254,8 @@ class Reconciler:
         except ValidationError as err:
             return self._invalid_spec(release, status, err, now)
         observed, world = self.observe(release, spec, status)
+        if due(spec.analysis, phase=status.phase, batch_ready_at=status.batch_ready_at, statuses=list(status.metrics), now=now):
+            observed = replace(observed, checks=self._checks(release, spec, status))
         plan = decide(spec, status, observed, now)
         for action in plan.actions:
             self._apply(action, world)

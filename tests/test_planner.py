@@ -264,26 +264,75 @@ def test_progress_deadline_fails_the_release_and_rolls_back() -> None:
     assert not w.narrowed
 
 
-def test_a_failed_analysis_rolls_back() -> None:
-    from greyrelease.planner import MetricVerdict
+ANALYSIS = {
+    "prometheus": {"address": "http://prometheus:9090"},
+    "interval": "10s",
+    "metrics": [{"name": "error-rate", "query": "q", "thresholdRange": {"max": 0.05}, "failureLimit": 1}],
+}
 
-    w = started(World(spec(trafficRouting=SERVICE, pause="30s")))
+
+def _check(value: float | None = None, error: str = ""):
+    from greyrelease.analysis import Check, Sample
+
+    return (Check("error-rate", Sample(value=value, error=error)),)
+
+
+def test_metric_checks_are_folded_into_status_and_gate_the_batch() -> None:
+    w = started(World(spec(trafficRouting=SERVICE, pause="5s", analysis=ANALYSIS)))
+    plan = hold(w)
+    assert plan.requeue_after == 5  # the pause ends before the first check is due
+    w.advance(5)
+    plan = w.step()
+    # Pause over, but no check yet: the batch waits for the first check, due 10 s after it went live.
+    assert plan.status.current_batch == 1 and "waiting for the analysis" in plan.status.message
+    assert plan.requeue_after == pytest.approx(5)
+    w.advance(5)
+    plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(0.01)), w.now)
+    m = plan.status.metrics[0]
+    # The value stays visible; the count starts again, as only checks of the new batch count for it.
+    assert (m.name, m.value, m.verdict, m.successes) == ("error-rate", 0.01, "Pass", 0)
+    assert plan.status.current_batch == 2
+    assert plan.status.history[0].result == "passed"
+
+
+def test_failed_checks_past_the_failure_limit_roll_back_naming_metric_and_value() -> None:
+    w = started(World(spec(trafficRouting=SERVICE, pause="60s", analysis=ANALYSIS)))
     hold(w)
-    obs = replace(w.observed(), analysis=MetricVerdict(passed=False, failed=True, message="error-rate 0.5 > 0.05"))
-    plan = decide(w.spec, w.status, obs, w.now)
+    w.advance(10)
+    plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(0.09)), w.now)
+    assert plan.status.phase == "Progressing" and plan.status.metrics[0].failures == 1  # tolerated
+    assert any(e.reason == R.METRIC_CHECK_FAILED and "0.09 > max 0.05" in e.message for e in plan.events)
+    w.status = plan.status
+    w.advance(10)
+    plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(0.07)), w.now)
     assert plan.actions[0] == SetWeight(0)
-    assert plan.status.phase == "RollingBack" and "error-rate 0.5" in plan.status.message
+    assert plan.status.phase == "RollingBack"
+    assert "metric error-rate: 0.07 > max 0.05" in plan.status.message
 
 
-def test_pending_analysis_holds_the_batch_after_its_pause() -> None:
-    from greyrelease.planner import MetricVerdict
-
-    w = started(World(spec(pause="5s")))
+def test_query_errors_never_pass_and_fail_at_the_consecutive_limit() -> None:
+    w = started(World(spec(pause="1s", analysis=ANALYSIS)))
     hold(w)
-    w.advance(6)
-    obs = replace(w.observed(), analysis=MetricVerdict(passed=False, failed=False, message="latency: no data"))
-    plan = decide(w.spec, w.status, obs, w.now)
-    assert plan.status.current_batch == 1 and "latency: no data" in plan.status.message
+    for i in range(4):
+        w.advance(10)
+        plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(error="connection refused")), w.now)
+        w.status = plan.status
+        if i < 3:
+            assert plan.status.phase == "Progressing" and plan.status.current_batch == 1
+    assert plan.status.phase == "RollingBack" and "4 query errors in a row" in plan.status.message
+
+
+def test_no_data_waits_until_the_progress_deadline() -> None:
+    w = started(World(spec(pause="1s", analysis=ANALYSIS, progressDeadlineSeconds=30)))
+    hold(w)
+    for _ in range(3):
+        w.advance(10)
+        plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(None)), w.now)
+        w.status = plan.status
+        assert plan.status.current_batch == 1
+    w.advance(10)
+    plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(None)), w.now)
+    assert plan.status.phase == "RollingBack" and "progressDeadlineSeconds" in plan.status.message
 
 
 # --- abort ------------------------------------------------------------------------------------------
@@ -519,16 +568,3 @@ def test_decide_is_pure() -> None:
     b = decide(w.spec, w.status, w.observed(), w.now)
     assert a == b
     assert UID  # the world's release uid is what owns the canary
-
-
-def test_unsupported_routing_is_marked_invalid_before_anything_is_touched() -> None:
-    from greyrelease.routers import UnsupportedRouter
-
-    router = UnsupportedRouter("spec.trafficRouting.nginx: not supported by this controller version")
-    w = World(spec(trafficRouting=NGINX))
-    obs = replace(w.observed(), routing_error=router.problem())
-    plan = decide(w.spec, w.status, obs, w.now)
-    assert plan.status.phase == "InvalidSpec" and plan.actions == ()
-    assert plan.status.message.startswith("spec.trafficRouting.nginx")
-    with pytest.raises(RuntimeError):
-        router.set_weight(0)

@@ -1,0 +1,394 @@
+"""``kubectl gr``: the kubectl plugin for GreyReleases (installed as the ``kubectl-gr`` console script).
+
+    kubectl gr status NAME [-n NS] [-w [--keep]]   phase, batch progress, weight, replicas, metrics, events
+    kubectl gr abort|pause|resume|retry NAME       the greyrelease.io/ annotations the controller acts on
+    kubectl gr promote NAME [--full]               approve the next batch (or skip to the end)
+    kubectl gr plan -f FILE [--replicas N]         the batches of a release, before it is applied
+
+Credentials are the user's, as kubectl would find them: ``--kubeconfig``, then ``$KUBECONFIG``, then
+``~/.kube/config`` (``--context`` picks a context), and in-cluster credentials when there is no kubeconfig.
+The namespace is ``-n``, else the context's, else ``default``.
+
+What is shown is computed by :func:`render_status`, a pure function of the object, its events and ``now``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from urllib3.exceptions import HTTPError
+
+from .api import (
+    ABORT_ANNOTATION,
+    GROUP,
+    KIND,
+    PAUSE_ANNOTATION,
+    PLURAL,
+    PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
+    SINGULAR,
+    TERMINAL_PHASES,
+    TRACK_LABEL,
+    VERSION,
+)
+from .kubeclient import ApiError, KubeClient, NotFound, path
+
+Obj = dict[str, Any]
+
+BAR_WIDTH = 10
+EVENTS_SHOWN = 5
+POLL_SECONDS = 1.0
+RESOURCE = f"{PLURAL}.{GROUP}"
+#: The annotations a user sets to steer a release, shown while they are pending.
+REQUESTS = (ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION)
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+# --- rendering (pure) --------------------------------------------------------------------------------
+
+
+def progress_bar(current: int, total: int, width: int = BAR_WIDTH) -> str:
+    """``[####------] 2/5``: the batches done or live out of all of them (``0/?`` before planning)."""
+    if total <= 0:
+        return f"[{'-' * width}] {current}/?"
+    filled = round(width * min(max(current, 0), total) / total)
+    return f"[{'#' * filled}{'-' * (width - filled)}] {current}/{total}"
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def age(value: str | None, now: datetime) -> str:
+    """kubectl's short age: ``42s``, ``3m10s``, ``5h``, ``2d`` (``-`` when unknown)."""
+    then = parse_time(value)
+    if then is None:
+        return "-"
+    seconds = max(0, int((now - then).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 600:
+        return f"{seconds // 60}m{seconds % 60}s"
+    if seconds < 3 * 3600:
+        return f"{seconds // 60}m"
+    if seconds < 48 * 3600:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def until(value: str | None, now: datetime) -> str:
+    then = parse_time(value)
+    if then is None:
+        return ""
+    seconds = int((then - now).total_seconds())
+    return "now" if seconds <= 0 else f"in {seconds}s"
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns, the last one unpadded (it holds free text)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
+
+
+def _event_time(event: Obj) -> str:
+    return event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or ""
+
+
+def last_events(events: Sequence[Obj], n: int = EVENTS_SHOWN) -> list[Obj]:
+    """The ``n`` most recent events, oldest first."""
+    return sorted(events, key=_event_time)[-n:]
+
+
+def is_finished(release: Obj) -> bool:
+    """A terminal phase the controller reached for the current spec (not the previous release's)."""
+    meta = release.get("metadata") or {}
+    status = release.get("status") or {}
+    current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 1)
+    return current and status.get("phase") in TERMINAL_PHASES
+
+
+def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
+    """What ``kubectl gr status`` prints for a GreyRelease and its events."""
+    meta = release.get("metadata") or {}
+    spec = release.get("spec") or {}
+    st = release.get("status") or {}
+    phase = st.get("phase") or "Pending"
+    since = age(st.get("phaseStartedAt"), now)
+    lines = [
+        f"Name:        {meta.get('name', '?')}",
+        f"Namespace:   {meta.get('namespace', '?')}",
+        f"Phase:       {phase}" + (f" (for {since})" if since != "-" else ""),
+        f"Batch:       {progress_bar(int(st.get('currentBatch') or 0), int(st.get('totalBatches') or 0))}",
+        f"Weight:      {int(st.get('canaryWeight') or 0)}% to the canary",
+        f"Replicas:    canary {int(st.get('canaryReplicas') or 0)}, stable {int(st.get('stableReplicas') or 0)}",
+        f"Versions:    stable {st.get('stableVersion') or '-'} -> target "
+        f"{st.get('targetVersion') or spec.get('targetVersion') or '-'}",
+    ]
+    if int(st.get("observedGeneration") or 0) < int(meta.get("generation") or 1):
+        lines.append("             (the controller has not seen the latest spec yet)")
+    if st.get("message"):
+        lines.append(f"Message:     {st['message']}")
+    next_check = until(st.get("nextCheckAt"), now)
+    if next_check and phase not in TERMINAL_PHASES:
+        lines.append(f"Next check:  {next_check}")
+    annotations = meta.get("annotations") or {}
+    pending = [f"{k}={annotations[k]}" for k in REQUESTS if k in annotations]
+    if spec.get("paused"):
+        pending.append("spec.paused=true")
+    if pending:
+        lines.append(f"Requested:   {', '.join(pending)}")
+    metrics = st.get("metrics") or []
+    if metrics:
+        lines.append("Metrics:")
+        rows = [("NAME", "VALUE", "STABLE", "VERDICT", "CHECKED", "MESSAGE")]
+        for m in metrics:
+            rows.append((
+                str(m.get("name", "?")),
+                _number(m.get("value")),
+                _number(m.get("stableValue")),
+                str(m.get("verdict") or "Pending"),
+                age(m.get("checkedAt"), now),
+                str(m.get("message") or ""),
+            ))  # fmt: skip
+        lines.extend(_table(rows))
+    shown = last_events(events)
+    if shown:
+        lines.append("Events:")
+        rows = [("AGE", "TYPE", "REASON", "MESSAGE")]
+        for ev in shown:
+            count = int(ev.get("count") or 1)
+            message = str(ev.get("message") or "") + (f" (x{count})" if count > 1 else "")
+            rows.append((age(_event_time(ev), now), str(ev.get("type") or ""), str(ev.get("reason") or ""), message))
+        lines.extend(_table(rows))
+    return "\n".join(lines) + "\n"
+
+
+def fingerprint(release: Obj, events: Sequence[Obj]) -> tuple[Any, ...]:
+    """Changes exactly when what :func:`render_status` shows changes, apart from ages ticking."""
+    meta = release.get("metadata") or {}
+    return (
+        meta.get("resourceVersion"),
+        tuple((e.get("metadata", {}).get("name"), e.get("count"), _event_time(e)) for e in last_events(events)),
+    )
+
+
+# --- the cluster -------------------------------------------------------------------------------------
+
+
+def connect(kubeconfig: str | None, context: str | None) -> tuple[KubeClient, str]:
+    """A client with the user's credentials, and the namespace of the chosen context."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    cfg = k8s_client.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+    except k8s_config.ConfigException:
+        sa_namespace = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        if kubeconfig or context or not sa_namespace.exists():
+            raise
+        k8s_config.load_incluster_config(client_configuration=cfg)
+        return KubeClient(cfg), sa_namespace.read_text().strip() or "default"
+    chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
+    namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    return KubeClient(cfg), namespace
+
+
+class Cluster:
+    """The few calls the plugin makes, in one namespace."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+
+    def release(self, name: str) -> Obj:
+        found = self.kube.get(path(GROUP, VERSION, PLURAL, self.namespace, name))
+        if found is None:
+            raise NotFound(404, "NotFound", f'{RESOURCE} "{name}" not found in namespace "{self.namespace}"')
+        return found
+
+    def events(self, release: Obj) -> list[Obj]:
+        meta = release["metadata"]
+        selector = f"involvedObject.name={meta['name']},involvedObject.kind={KIND}"
+        found = self.kube.request("GET", path("", "v1", "events", self.namespace), query={"fieldSelector": selector})
+        # Events of an earlier object of the same name are not this release's.
+        return [e for e in found.get("items") or [] if e.get("involvedObject", {}).get("uid") in (None, meta.get("uid"))]
+
+    def annotate(self, name: str, annotations: dict[str, str | None]) -> Obj:
+        self.release(name)  # a clear "not found" rather than a patch error
+        return self.kube.patch(path(GROUP, VERSION, PLURAL, self.namespace, name), {"metadata": {"annotations": annotations}})
+
+    def deployment_replicas(self, doc: Obj) -> int | None:
+        spec = doc.get("spec") or {}
+        deployments = path("apps", "v1", "deployments", self.namespace)
+        if spec.get("targetRef"):
+            found = self.kube.get(f"{deployments}/{spec['targetRef']['name']}")
+            matches = [found] if found else []
+        else:
+            matches = self.kube.list(deployments, label_selector=f"app={spec.get('appName')},!{TRACK_LABEL}")
+        return int(matches[0]["spec"].get("replicas", 1)) if len(matches) == 1 else None
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def cmd_status(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
+    if not args.watch:
+        release = cluster.release(args.name)
+        out.write(render_status(release, cluster.events(release), _now()))
+        return 0
+    tty = out.isatty()
+    last: tuple[Any, ...] | None = None
+    try:
+        while True:
+            try:
+                release = cluster.release(args.name)
+                events = cluster.events(release)
+            except NotFound:
+                raise
+            except (ApiError, HTTPError, OSError) as err:  # a blip of the API server: show it, keep watching
+                print(f"warning: {err}", file=sys.stderr)
+                time.sleep(args.interval)
+                continue
+            current = fingerprint(release, events)
+            if current != last:
+                text = render_status(release, events, _now())
+                out.write((CLEAR_SCREEN + text) if tty else (("\n" if last is not None else "") + text))
+                out.flush()
+                last = current
+            if is_finished(release) and not args.keep:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
+    stamp = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    changes: dict[str, str | None] = {
+        "abort": {ABORT_ANNOTATION: "true"},
+        "pause": {PAUSE_ANNOTATION: "true"},
+        "resume": {PAUSE_ANNOTATION: None},
+        "retry": {RETRY_ANNOTATION: stamp},
+        "promote": {PROMOTE_ANNOTATION: "full" if getattr(args, "full", False) else "next"},
+    }[args.command]
+    release = cluster.annotate(args.name, changes)
+    done = ", ".join(f"{k}={v}" if v is not None else f"{k}-" for k, v in changes.items())
+    print(f"{SINGULAR}.{GROUP}/{args.name} annotated ({done})", file=out)
+    phase = (release.get("status") or {}).get("phase")
+    if args.command == "resume" and (release.get("spec") or {}).get("paused"):
+        print("note: spec.paused is true; the release stays paused until it is set to false", file=out)
+    if args.command == "retry" and phase not in ("Aborted", "Failed"):
+        print(f"note: retry restarts an Aborted or Failed release; this one is {phase or 'not started'}", file=out)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, cluster: Cluster | None, out: TextIO) -> int:
+    from .cli import load_release, print_plan
+
+    doc = load_release(args.file)
+    replicas = args.replicas
+    if replicas is None and cluster is not None:
+        namespace = args.namespace or (doc.get("metadata") or {}).get("namespace") or cluster.namespace
+        try:
+            replicas = Cluster(cluster.kube, namespace).deployment_replicas(doc)
+        except (ApiError, HTTPError, OSError):
+            replicas = None
+    if replicas is None:
+        print("error: pass --replicas N (the target Deployment could not be read)", file=sys.stderr)
+        return 2
+    return print_plan(doc, replicas, out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    # The connection flags are accepted before or after the subcommand (kubectl users type both).
+    def connection(p: argparse.ArgumentParser, default: Any) -> None:
+        p.add_argument("-n", "--namespace", default=default, help="the namespace (default: the context's)")
+        p.add_argument("--context", default=default, help="the kubeconfig context to use")
+        p.add_argument("--kubeconfig", default=default, help="the kubeconfig file to use")
+
+    parser = argparse.ArgumentParser(prog="kubectl gr", description="Inspect and steer GreyReleases.")
+    connection(parser, None)
+    common = argparse.ArgumentParser(add_help=False)
+    connection(common, argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = sub.add_parser("status", parents=[common], help="show a release: phase, batches, metrics, events")
+    status.add_argument("name")
+    status.add_argument("-w", "--watch", action="store_true", help="redraw on every change until it finishes")
+    status.add_argument("--keep", action="store_true", help="with -w: keep watching after it finished")
+    status.add_argument("--interval", type=float, default=POLL_SECONDS, help=argparse.SUPPRESS)
+    for name, text in (
+        ("abort", "stop now: all traffic back to stable, the canary removed (greyrelease.io/abort=true)"),
+        ("pause", "hold at the current batch (greyrelease.io/pause=true)"),
+        ("resume", "go on after a pause (removes greyrelease.io/pause)"),
+        ("retry", "start an Aborted or Failed release again (greyrelease.io/retry=<now>)"),
+    ):
+        sub.add_parser(name, parents=[common], help=text).add_argument("name")
+    promote = sub.add_parser("promote", parents=[common], help="approve the next batch (greyrelease.io/promote)")
+    promote.add_argument("name")
+    promote.add_argument("--full", action="store_true", help="skip the remaining batches (promote=full)")
+    plan = sub.add_parser("plan", parents=[common], help="show the batches of a GreyRelease file")
+    plan.add_argument("-f", "--filename", "--file", dest="file", required=True, help="YAML file ('-' for stdin)")
+    plan.add_argument("--replicas", type=int, help="replicas of the target (default: read from the cluster)")
+    return parser
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "plan" and args.replicas is not None:
+            return cmd_plan(args, None, out)
+        try:
+            kube, default_namespace = connect(args.kubeconfig, args.context)
+        except Exception as err:  # noqa: BLE001 - no usable kubeconfig: say so, as kubectl does
+            if args.command == "plan":
+                return cmd_plan(args, None, out)
+            print(f"error: no usable Kubernetes credentials: {err}", file=sys.stderr)
+            return 1
+        cluster = Cluster(kube, args.namespace or default_namespace)
+        if args.command == "status":
+            return cmd_status(args, cluster, out)
+        if args.command == "plan":
+            return cmd_plan(args, cluster, out)
+        return cmd_annotate(args, cluster, out)
+    except NotFound as err:
+        print(f"Error from server (NotFound): {err.message}", file=sys.stderr)
+        return 1
+    except ApiError as err:
+        print(f"Error from server ({err.reason or err.status}): {err.message}", file=sys.stderr)
+        return 1
+    except (HTTPError, OSError) as err:
+        print(f"error: cannot reach the cluster: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

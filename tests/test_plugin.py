@@ -1,0 +1,181 @@
+"""``kubectl gr``: what it shows for a release (a pure function of the object, its events and now)."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from greyrelease import plugin
+from greyrelease.plugin import _parser, age, fingerprint, is_finished, progress_bar, render_status
+
+NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ts(seconds_ago: float) -> str:
+    return (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def event(reason: str, seconds_ago: float, message: str = "", type: str = "Normal", count: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"web.{reason}.{seconds_ago}"},
+        "type": type, "reason": reason, "message": message or reason.lower(), "count": count,
+        "lastTimestamp": ts(seconds_ago), "involvedObject": {"uid": "u1"},
+    }  # fmt: skip
+
+
+def release(status: dict[str, Any] | None = None, *, generation: int = 1, annotations: dict[str, str] | None = None,
+            **spec: Any) -> dict[str, Any]:  # fmt: skip
+    return {
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "generation": generation,
+                     "resourceVersion": "10", "annotations": annotations or {}},
+        "spec": {"targetVersion": "v2", **spec},
+        "status": status or {},
+    }  # fmt: skip
+
+
+PROGRESSING = {
+    "phase": "Progressing", "phaseStartedAt": ts(75), "currentBatch": 2, "totalBatches": 5,
+    "canaryWeight": 40, "canaryReplicas": 4, "stableReplicas": 6, "stableVersion": "v1", "targetVersion": "v2",
+    "message": "batch 2/5: pausing 30s", "observedGeneration": 1, "nextCheckAt": (NOW + timedelta(seconds=8)).isoformat(),
+    "metrics": [
+        {"name": "error-rate", "value": 0.012345, "stableValue": 0.01, "verdict": "Pass", "checkedAt": ts(3)},
+        {"name": "latency-p99", "value": None, "verdict": "NoData", "message": "no samples"},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("current", "total", "expected"),
+    [
+        (0, 0, "[----------] 0/?"),
+        (0, 4, "[----------] 0/4"),
+        (2, 5, "[####------] 2/5"),
+        (1, 3, "[###-------] 1/3"),
+        (5, 5, "[##########] 5/5"),
+        (7, 5, "[##########] 7/5"),
+    ],
+    ids=["not-planned", "none-yet", "two-of-five", "rounds", "all", "never-overflows"],
+)
+def test_progress_bar(current: int, total: int, expected: str) -> None:
+    assert progress_bar(current, total) == expected
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [(0, "0s"), (59, "59s"), (119, "119s"), (190, "3m10s"), (3600, "60m"), (5 * 3600, "5h"), (3 * 86400, "3d")],
+    ids=["now", "seconds", "under-two-minutes", "minutes-seconds", "minutes", "hours", "days"],
+)
+def test_age_is_kubectl_style(seconds: int, expected: str) -> None:
+    assert age(ts(seconds), NOW) == expected
+
+
+def test_age_unknown() -> None:
+    assert age(None, NOW) == "-" and age("not a time", NOW) == "-"
+
+
+def test_progressing_release_shows_everything_a_user_asks_about() -> None:
+    events = [event("Started", 300), event("BatchReady", 200, "batch 1/5: 2 canary pods ready"),
+              event("Promoted", 100), event("BatchStarted", 90, count=3), event("BatchReady", 60),
+              event("MetricPassed", 30), event("Paused", 10, type="Warning")]  # fmt: skip
+    text = render_status(release(PROGRESSING, annotations={"greyrelease.io/pause": "true", "other/x": "y"}), events, NOW)
+    lines = text.splitlines()
+    assert lines[:7] == [
+        "Name:        web",
+        "Namespace:   shop",
+        "Phase:       Progressing (for 75s)",
+        "Batch:       [####------] 2/5",
+        "Weight:      40% to the canary",
+        "Replicas:    canary 4, stable 6",
+        "Versions:    stable v1 -> target v2",
+    ]
+    assert "Message:     batch 2/5: pausing 30s" in lines
+    assert "Next check:  in 8s" in lines
+    assert "Requested:   greyrelease.io/pause=true" in lines
+    metrics = lines[lines.index("Metrics:") + 1 : lines.index("Events:")]
+    assert [m.split() for m in metrics] == [
+        ["NAME", "VALUE", "STABLE", "VERDICT", "CHECKED", "MESSAGE"],
+        ["error-rate", "0.01235", "0.01", "Pass", "3s"],
+        ["latency-p99", "-", "-", "NoData", "-", "no", "samples"],
+    ]
+    shown = lines[lines.index("Events:") + 2 :]
+    # The last five, oldest first; a repeated event shows its count.
+    assert [line.split()[2] for line in shown] == ["Promoted", "BatchStarted", "BatchReady", "MetricPassed", "Paused"]
+    assert shown[1].split()[:2] == ["90s", "Normal"] and shown[1].endswith("batchstarted (x3)")
+    assert shown[-1].split()[:2] == ["10s", "Warning"]
+
+
+def test_release_the_controller_has_not_seen_yet() -> None:
+    text = render_status(release(), [], NOW)
+    assert "Phase:       Pending\n" in text
+    assert "Batch:       [----------] 0/?" in text
+    assert "Versions:    stable - -> target v2" in text
+    assert "Metrics:" not in text and "Events:" not in text and "Message:" not in text
+
+
+def test_finished_release_has_no_next_check_and_flags_a_newer_spec() -> None:
+    st = {**PROGRESSING, "phase": "Succeeded", "currentBatch": 5, "canaryWeight": 0, "metrics": []}
+    text = render_status(release(st, generation=2, paused=True), [], NOW)
+    assert "Batch:       [##########] 5/5" in text
+    assert "Next check" not in text
+    assert "has not seen the latest spec yet" in text
+    assert "Requested:   spec.paused=true" in text
+
+
+@pytest.mark.parametrize(
+    ("phase", "observed", "generation", "expected"),
+    [
+        ("Succeeded", 1, 1, True),
+        ("Aborted", 3, 3, True),
+        ("Failed", 1, 1, True),
+        ("InvalidSpec", 1, 1, True),
+        ("Progressing", 1, 1, False),
+        ("Succeeded", 1, 2, False),
+        (None, 0, 1, False),
+    ],
+    ids=["succeeded", "aborted", "failed", "invalid", "running", "new-spec-not-seen", "new"],
+)
+def test_is_finished(phase: str | None, observed: int, generation: int, expected: bool) -> None:
+    assert is_finished(release({"phase": phase, "observedGeneration": observed}, generation=generation)) is expected
+
+
+def test_fingerprint_changes_with_the_object_or_its_events_not_with_time() -> None:
+    r = release(PROGRESSING)
+    base = fingerprint(r, [event("Started", 10)])
+    assert fingerprint(r, [event("Started", 10)]) == base
+    assert fingerprint({**r, "metadata": {**r["metadata"], "resourceVersion": "11"}}, [event("Started", 10)]) != base
+    assert fingerprint(r, [event("Started", 10, count=2)]) != base
+    assert fingerprint(r, [event("Started", 10), event("BatchReady", 5)]) != base
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-n", "shop", "status", "web"], ["status", "web", "-n", "shop"], ["status", "-n", "shop", "web", "-w"]],
+    ids=["flag-first", "flag-last", "flag-between"],
+)
+def test_namespace_flag_anywhere(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
+    assert (args.command, args.name, args.namespace) == ("status", "web", "shop")
+
+
+def test_namespace_defaults_to_none_so_the_context_decides() -> None:
+    args = _parser().parse_args(["promote", "web", "--full"])
+    assert args.namespace is None and args.full
+
+
+def test_plan_with_replicas_needs_no_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    out = io.StringIO()
+    sample = ROOT / "config" / "samples" / "greyrelease.io_v1_greyrelease.yaml"
+    assert plugin.main(["plan", "-f", str(sample), "--replicas", "10"], out=out) == 0
+    assert out.getvalue().splitlines()[2].split() == ["1", "2", "8", "20%", "10s", "-"]
+
+
+def test_no_credentials_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert plugin.main(["status", "web"]) == 1
+    assert "no usable Kubernetes credentials" in capsys.readouterr().err

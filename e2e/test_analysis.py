@@ -89,6 +89,7 @@ def test_error_rate_raised_in_batch_two_rolls_back_in_time(
     st = wait_phase(cluster, namespace, "web", {"Failed", "Succeeded", "Aborted"}, timeout=60)
     elapsed = time.monotonic() - t0
     assert st["phase"] == "Failed", st
+    print(f"rolled back {elapsed:.2f}s after the error rate was raised")
     assert elapsed <= interval * (failure_limit + 1) + 5, f"rolled back {elapsed:.1f}s after the change"
     assert "error-rate" in st["message"] and "> max 0.05" in st["message"]
     described = cluster.kubectl("describe", "gr", "web", "-n", namespace).stdout
@@ -164,3 +165,22 @@ def test_comparison_catches_a_canary_worse_than_stable(
     assert st["phase"] == expected, st
     if mode == "compare":
         assert "error-rate" in st["message"] and "stable" in st["message"]
+
+
+def test_bearer_token_comes_from_a_secret_and_a_missing_key_is_an_error(
+    cluster: Cluster, namespace: str, controller: Controller, prometheus: PrometheusStack
+) -> None:
+    deploy_app(cluster, namespace, replicas=4)
+    serve(prometheus, namespace, stable=0.01, canary=0.01)
+    cluster.kubectl("create", "secret", "generic", "prom-token", "-n", namespace, "--from-literal=token=s3cret")
+    body = release_with(prometheus, {"thresholdRange": {"max": 0.05}, "consecutiveErrorLimit": 2})
+    body["spec"]["analysis"]["prometheus"]["bearerTokenSecret"] = {"name": "prom-token", "key": "missing"}
+    apply_release(cluster, namespace, body)
+    st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=60)
+    assert st["phase"] == "Failed" and "bearerTokenSecret" in st["message"], st
+    # With the right key the token is sent (this Prometheus ignores it) and the release goes through.
+    cluster.kubectl("delete", "gr", "web", "-n", namespace, "--timeout=60s")
+    body["spec"]["analysis"]["prometheus"]["bearerTokenSecret"]["key"] = "token"
+    apply_release(cluster, namespace, body)
+    st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=90)
+    assert st["phase"] == "Succeeded", st

@@ -1,0 +1,636 @@
+"""The nginx and Gateway API routers: pure builders table-tested, then the routers driven through whole
+releases by the planner against an in-memory object store (no cluster)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from greyrelease.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
+from greyrelease.api import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.kubeclient import MERGE, Conflict, path
+from greyrelease.planner import decide
+from greyrelease.routers import Router, router_for
+from greyrelease.routers.canary_service import build_canary_service, service_patch
+from greyrelease.routers.gateway import (
+    ORIGINAL_RULES_ANNOTATION,
+    normal_rules,
+    restore_patch,
+    route_problem,
+    weight_patch,
+    weighted_rules,
+)
+from greyrelease.routers.nginx import (
+    build_canary_ingress,
+    canary_annotations,
+    canary_rules,
+    ingress_patch,
+)
+from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION
+from greyrelease.workload import owner_reference
+
+from .world import UID, World, spec
+
+Obj = dict[str, Any]
+NS = "shop"
+P = "nginx.ingress.kubernetes.io"
+RELEASE: Obj = {"metadata": {"name": "web", "namespace": NS, "uid": UID}}
+OWNER = owner_reference(RELEASE)
+NGINX = {"nginx": {"ingress": "web", "stableService": "web"}}
+GATEWAY = {"gatewayAPI": {"httpRoute": "web", "stableService": "web"}}
+
+
+# --- objects a user would have --------------------------------------------------------------------
+
+
+def backend(service: str, port: int | str = 80) -> Obj:
+    return {"service": {"name": service, "port": {"number": port} if isinstance(port, int) else {"name": port}}}
+
+
+def http_path(service: str, p: str = "/", port: int | str = 80) -> Obj:
+    return {"path": p, "pathType": "Prefix", "backend": backend(service, port)}
+
+
+def ingress(*rules: Obj, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"ingressClassName": "nginx", "rules": list(rules), **spec},
+    }
+
+
+def service(name: str = "web", selector: Obj | None = None, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "selector": selector or {"app": "web"},
+            "clusterIP": "10.0.0.7",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+            **spec,
+        },
+    }
+
+
+def ref(name: str, weight: int | None = None, port: int = 80) -> Obj:
+    out: Obj = {"name": name, "port": port}
+    if weight is not None:
+        out["weight"] = weight
+    return out
+
+
+def route(*rules: Obj) -> Obj:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": NS, "resourceVersion": "1"},
+        "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["web.example"], "rules": list(rules)},
+    }
+
+
+# --- an in-memory API server, enough for the routers -----------------------------------------------
+
+
+def merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
+
+
+class FakeKube:
+    """Objects by API path; merge patches with the resourceVersion precondition; every write logged."""
+
+    def __init__(self, *objects: Obj) -> None:
+        self.objects: dict[str, Obj] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.version = 1
+        for obj in objects:
+            self.put(obj)
+
+    @staticmethod
+    def path_of(obj: Obj) -> str:
+        group, _, version = obj["apiVersion"].rpartition("/")
+        plural = {"Ingress": "ingresses", "Service": "services", "HTTPRoute": "httproutes",
+                  "Deployment": "deployments", "ReplicaSet": "replicasets"}[obj["kind"]]
+        return path(group, version, plural, obj["metadata"]["namespace"], obj["metadata"]["name"])
+
+    def put(self, obj: Obj) -> None:
+        obj = copy.deepcopy(obj)
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        for key in ("annotations", "labels"):  # the API server drops empty maps
+            if obj["metadata"].get(key) == {}:
+                del obj["metadata"][key]
+        self.objects[self.path_of(obj)] = obj
+
+    def get(self, p: str) -> Obj | None:
+        found = self.objects.get(p)
+        return copy.deepcopy(found) if found is not None else None
+
+    def create(self, collection: str, body: Obj) -> Obj:
+        p = f"{collection}/{body['metadata']['name']}"
+        assert p not in self.objects, f"{p} exists"
+        self.writes.append(("create", p))
+        self.put(body)
+        return self.get(p) or {}
+
+    def patch(self, p: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
+        assert patch_type == MERGE and p in self.objects
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != self.objects[p]["metadata"]["resourceVersion"]:
+            raise Conflict(409, "Conflict", "the object has been modified")
+        self.writes.append(("patch", p))
+        self.put(merge(self.objects[p], body))
+        return self.get(p) or {}
+
+    def delete(self, p: str, *, propagation: str = "Background") -> bool:
+        self.writes.append(("delete", p))
+        return self.objects.pop(p, None) is not None
+
+    def list(self, p: str, *, label_selector: str | None = None) -> list[Obj]:
+        wanted = dict(term.split("=") for term in (label_selector or "").split(",") if "=" in term)
+        return [
+            copy.deepcopy(obj)
+            for key, obj in self.objects.items()
+            if key.startswith(p + "/") and wanted.items() <= (obj["metadata"].get("labels") or {}).items()
+        ]
+
+
+ING = path("networking.k8s.io", "v1", "ingresses", NS, "web")
+CANARY_ING = path("networking.k8s.io", "v1", "ingresses", NS, "web-canary")
+SVC = path("", "v1", "services", NS, "web")
+CANARY_SVC = path("", "v1", "services", NS, "web-canary")
+ROUTE = path("gateway.networking.k8s.io", "v1", "httproutes", NS, "web")
+
+
+def user_objects(kube: FakeKube) -> dict[str, Obj]:
+    """The user's objects without the fields the store bumps on every write."""
+    out = {}
+    for p in (ING, SVC, ROUTE):
+        obj = kube.get(p)
+        if obj is not None:
+            obj["metadata"].pop("resourceVersion")
+            out[p] = obj
+    return out
+
+
+def make_router(kube: FakeKube, routing: Obj, status: GreyReleaseStatus | None = None, **fields: Any) -> Router:
+    s = spec(trafficRouting=routing, **fields)
+    st = status or GreyReleaseStatus(stable_pod_template_hash="stablehash")
+    return router_for(kube, namespace=NS, release=RELEASE, spec=s, status=st)  # type: ignore[arg-type]
+
+
+# --- nginx: pure builders --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rules, expected",
+    [
+        pytest.param(
+            [{"host": "a.example", "http": {"paths": [http_path("web")]}}],
+            [{"host": "a.example", "http": {"paths": [http_path("web-canary")]}}],
+            id="one-path",
+        ),
+        pytest.param(
+            [{"host": "a.example", "http": {"paths": [http_path("web", "/"), http_path("static", "/s")]}}],
+            [{"host": "a.example", "http": {"paths": [http_path("web-canary", "/")]}}],
+            id="only-the-stable-paths",
+        ),
+        pytest.param(
+            [
+                {"host": "a.example", "http": {"paths": [http_path("web", port="http")]}},
+                {"host": "b.example", "http": {"paths": [http_path("other")]}},
+                {"http": {"paths": [http_path("web", "/api")]}},
+            ],
+            [
+                {"host": "a.example", "http": {"paths": [http_path("web-canary", port="http")]}},
+                {"http": {"paths": [http_path("web-canary", "/api")]}},
+            ],
+            id="hosts-kept-named-port-kept-other-hosts-dropped",
+        ),
+        pytest.param([{"host": "a.example", "http": {"paths": [http_path("other")]}}], [], id="no-stable-path"),
+    ],
+)
+def test_canary_rules_copy_only_the_paths_to_the_stable_service(rules: list[Obj], expected: list[Obj]) -> None:
+    user = ingress(*rules)
+    before = copy.deepcopy(user)
+    assert canary_rules(user, stable_service="web", canary_service="web-canary") == expected
+    assert user == before
+
+
+@pytest.mark.parametrize(
+    "weight, headers, expected",
+    [
+        pytest.param(0, None, {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None}, id="prepared"),
+        pytest.param(30, None, {"canary": "true", "canary-weight": "30", "canary-by-header": None, "canary-by-header-value": None}, id="weight"),
+        pytest.param(30, {"X-Canary": "yes"}, {"canary": "true", "canary-weight": "30", "canary-by-header": "X-Canary", "canary-by-header-value": "yes"}, id="weight-and-header"),
+        pytest.param(0, {"X-Canary": "yes"}, {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None}, id="abort-drops-header"),
+    ],
+)
+def test_canary_annotations(weight: int, headers: dict[str, str] | None, expected: Obj) -> None:
+    assert canary_annotations(P, weight, headers) == {f"{P}/{k}": v for k, v in expected.items()}
+
+
+def test_canary_ingress_keeps_class_hosts_and_tls_and_is_owned() -> None:
+    tls = [{"hosts": ["a.example"], "secretName": "a-tls"}]
+    user = ingress({"host": "a.example", "http": {"paths": [http_path("web")]}}, tls=tls)
+    user["metadata"]["annotations"] = {"kubernetes.io/ingress.class": "nginx-internal", f"{P}/rewrite-target": "/"}
+    canary = build_canary_ingress(user, stable_service="web", prefix=P, weight=0, header_match=None, owner=OWNER)
+    assert canary["metadata"]["name"] == "web-canary"
+    assert canary["metadata"]["ownerReferences"] == [OWNER]
+    assert canary["metadata"]["labels"] == {"greyrelease.io/release": "web"}
+    assert canary["metadata"]["annotations"] == {
+        f"{P}/canary": "true",
+        f"{P}/canary-weight": "0",
+        "kubernetes.io/ingress.class": "nginx-internal",
+    }
+    assert canary["spec"] == {
+        "ingressClassName": "nginx",
+        "tls": tls,
+        "rules": [{"host": "a.example", "http": {"paths": [http_path("web-canary")]}}],
+    }
+
+
+def test_ingress_patch_is_none_when_equal_and_only_what_changed_otherwise() -> None:
+    user = ingress({"host": "a.example", "http": {"paths": [http_path("web")]}})
+    at0 = build_canary_ingress(user, stable_service="web", prefix=P, weight=0, header_match=None, owner=OWNER)
+    at20h = build_canary_ingress(user, stable_service="web", prefix=P, weight=20, header_match={"x": "1"}, owner=OWNER)
+    assert ingress_patch(at0, at0, P) is None
+    assert ingress_patch(at0, at20h, P) == {
+        "metadata": {"annotations": {f"{P}/canary-weight": "20", f"{P}/canary-by-header": "x", f"{P}/canary-by-header-value": "1"}}
+    }
+    assert ingress_patch(at20h, at0, P) == {
+        "metadata": {"annotations": {f"{P}/canary-weight": "0", f"{P}/canary-by-header": None, f"{P}/canary-by-header-value": None}}
+    }
+    moved = ingress({"host": "b.example", "http": {"paths": [http_path("web")]}})
+    desired = build_canary_ingress(moved, stable_service="web", prefix=P, weight=0, header_match=None, owner=OWNER)
+    assert ingress_patch(at0, desired, P) == {"spec": {"rules": desired["spec"]["rules"]}}
+
+
+@pytest.mark.parametrize(
+    "stable, selector",
+    [
+        pytest.param(service(), {"app": "web", "greyrelease.io/track": "canary"}, id="plain"),
+        pytest.param(
+            merge(service(selector={"app": "web", "pod-template-hash": "h1"}),
+                  {"metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web"})}}}),
+            {"app": "web", "greyrelease.io/track": "canary"},
+            id="narrowed-stable-uses-the-users-selector",
+        ),
+    ],
+)
+def test_canary_service_copies_ports_not_address(stable: Obj, selector: Obj) -> None:
+    stable = merge(stable, {"spec": {"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}})
+    canary = build_canary_service(stable, owner=OWNER)
+    assert canary["metadata"]["name"] == "web-canary" and canary["metadata"]["ownerReferences"] == [OWNER]
+    assert canary["spec"] == {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    stored = merge(canary, {"spec": {"clusterIP": "10.0.0.9", "type": "ClusterIP"}})
+    assert service_patch(stored, canary) is None
+
+
+# --- Gateway API: pure builders --------------------------------------------------------------------
+
+
+HDR = {"x-canary": "yes"}
+
+
+@pytest.mark.parametrize(
+    "rules, weight, headers, expected",
+    [
+        pytest.param(
+            [{"backendRefs": [ref("web")]}], 0, None,
+            [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}],
+            id="prepared",
+        ),
+        pytest.param(
+            [{"backendRefs": [ref("web")]}], 30, None,
+            [{"backendRefs": [ref("web", 70), ref("web-canary", 30)]}],
+            id="alone-in-its-rule",
+        ),
+        pytest.param(
+            [{"backendRefs": [ref("web", 3), ref("legacy", 1)]}], 20, None,
+            [{"backendRefs": [ref("web", 240), ref("web-canary", 60), ref("legacy", 100)]}],
+            id="beside-another-backend-its-share-is-kept",
+        ),
+        pytest.param(
+            [{"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
+             {"backendRefs": [ref("web")]}], 100, None,
+            [{"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
+             {"backendRefs": [ref("web", 0), ref("web-canary", 100)]}],
+            id="other-rules-untouched",
+        ),
+        pytest.param(
+            [{"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Canary", "value": "no"}]}],
+              "backendRefs": [ref("web", 5)]}], 10, HDR,
+            [{"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"type": "Exact", "name": "x-canary", "value": "yes"}]}],
+              "backendRefs": [ref("web-canary")]},
+             {"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Canary", "value": "no"}]}],
+              "backendRefs": [ref("web", 90), ref("web-canary", 10)]}],
+            id="header-rule-first-with-the-users-path",
+        ),
+        pytest.param(
+            [{"backendRefs": [ref("web")]}], 0, HDR,
+            [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}],
+            id="weight-0-drops-the-header-rule",
+        ),
+    ],
+)
+def test_weighted_rules(rules: list[Obj], weight: int, headers: Obj | None, expected: list[Obj]) -> None:
+    before = copy.deepcopy(rules)
+    assert weighted_rules(rules, service="web", namespace=NS, weight=weight, header_match=headers) == expected
+    assert rules == before
+
+
+def test_weight_patch_saves_the_users_rules_once_and_restore_is_exact() -> None:
+    user = route({"matches": [{"path": {"type": "Exact", "value": "/"}}], "backendRefs": [ref("web")]})
+    first = weight_patch(user, service="web", weight=0)
+    assert first is not None
+    assert first["metadata"]["resourceVersion"] == "1"
+    assert json.loads(first["metadata"]["annotations"][ORIGINAL_RULES_ANNOTATION]) == user["spec"]["rules"]
+    prepared = merge(user, first)
+    assert weight_patch(prepared, service="web", weight=0) is None  # idempotent
+    at40 = merge(prepared, weight_patch(prepared, service="web", weight=40, header_match=HDR))
+    assert "annotations" not in (weight_patch(prepared, service="web", weight=40) or {})["metadata"]
+    assert len(at40["spec"]["rules"]) == 2
+    restored = merge(at40, restore_patch(at40))
+    assert restored["spec"] == user["spec"]
+    assert ORIGINAL_RULES_ANNOTATION not in (restored["metadata"].get("annotations") or {})
+    assert restore_patch(user) is None
+
+
+def test_a_route_stored_with_the_upstream_defaults_compares_equal() -> None:
+    """The upstream CRD fills in match paths, header types, ref group/kind/weight: not a change."""
+    built = weighted_rules([{"backendRefs": [ref("web")]}], service="web", namespace=NS, weight=10, header_match=HDR)
+    stored = normal_rules(built)
+    assert stored != built and normal_rules(stored) == normal_rules(built)
+
+
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        pytest.param(None, "HTTPRoute 'web' not found", id="missing"),
+        pytest.param(route({"backendRefs": [ref("other")]}), "has no rule with a backendRef to Service 'web'", id="no-stable-rule"),
+        pytest.param(route({"backendRefs": [ref("web"), ref("web-canary")]}), "already routes to Service 'web-canary'", id="users-own-canary"),
+        pytest.param(route({"backendRefs": [ref("web")]}), "", id="fine"),
+    ],
+)
+def test_route_problem(obj: Obj | None, message: str) -> None:
+    found = route_problem(obj, name="web", service="web")
+    assert (message in found) if message else found == ""
+
+
+# --- routers against the store: refusal, idempotence, exact restore --------------------------------
+
+
+# The stable Deployment and its ReplicaSet: where prepare() finds the hash to narrow to on a first pass.
+STABLE: list[Obj] = [
+    {"apiVersion": "apps/v1", "kind": "Deployment",
+     "metadata": {"name": "web", "namespace": NS, "uid": "web-uid", "annotations": {"deployment.kubernetes.io/revision": "1"}},
+     "spec": {"selector": {"matchLabels": {"app": "web"}}}},
+    {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+     "metadata": {"name": "web-stablehash", "namespace": NS, "labels": {"app": "web", "pod-template-hash": "stablehash"},
+                  "annotations": {"deployment.kubernetes.io/revision": "1"}, "ownerReferences": [{"uid": "web-uid", "controller": True}]}},
+]
+
+
+def nginx_world(*extra: Obj) -> FakeKube:
+    return FakeKube(ingress({"host": "a.example", "http": {"paths": [http_path("web"), http_path("static", "/s")]}}), service(), *STABLE, *extra)
+
+
+def gateway_world(*extra: Obj) -> FakeKube:
+    return FakeKube(route({"backendRefs": [ref("web")]}), service(), *STABLE, *extra)
+
+
+FOREIGN_INGRESS = merge(ingress(), {"metadata": {"name": "web-canary", "ownerReferences": [{"uid": "someone-else"}]}})
+FOREIGN_SERVICE = service("web-canary")
+
+
+@pytest.mark.parametrize(
+    "world, routing, fields, message",
+    [
+        pytest.param(lambda: nginx_world(FOREIGN_INGRESS), NGINX, {}, "Ingress 'web-canary' exists and is not owned by this release", id="nginx-foreign-ingress"),
+        pytest.param(lambda: nginx_world(FOREIGN_SERVICE), NGINX, {}, "Service 'web-canary' exists and is not owned by this release", id="nginx-foreign-service"),
+        pytest.param(lambda: gateway_world(FOREIGN_SERVICE), GATEWAY, {}, "Service 'web-canary' exists and is not owned by this release", id="gateway-foreign-service"),
+        pytest.param(lambda: FakeKube(service()), NGINX, {}, "Ingress 'web' not found", id="nginx-no-ingress"),
+        pytest.param(lambda: FakeKube(ingress({"http": {"paths": [http_path("web")]}})), NGINX, {}, "Service 'web' not found", id="nginx-no-service"),
+        pytest.param(lambda: FakeKube(ingress({"http": {"paths": [http_path("x")]}}), service()), NGINX, {}, "has no path to Service 'web'", id="nginx-no-stable-path"),
+        pytest.param(
+            nginx_world, NGINX,
+            {"batches": [{"replicas": 1, "headerMatch": {"a": "1", "b": "2"}}, {"replicas": 2}], "batchSize": None, "canaryWeight": None},
+            "spec.batches[0].headerMatch", id="nginx-two-headers",
+        ),
+        pytest.param(lambda: FakeKube(service()), GATEWAY, {}, "HTTPRoute 'web' not found", id="gateway-no-route"),
+    ],
+)
+def test_problem_is_read_only_and_marks_the_release_invalid_before_anything_is_touched(
+    world: Any, routing: Obj, fields: Obj, message: str
+) -> None:
+    kube = world()
+    before = copy.deepcopy(kube.objects)
+    router = make_router(kube, routing, **fields)
+    problem = router.problem()
+    assert message in problem and problem.startswith("spec.")
+    assert kube.writes == [] and kube.objects == before
+    w = World(spec(trafficRouting=routing, **fields))
+    plan = decide(w.spec, w.status, replace(w.observed(), routing_error=problem), w.now)
+    assert plan.status.phase == "InvalidSpec" and plan.actions == () and message in plan.status.message
+
+
+@pytest.mark.parametrize("routing, foreign", [pytest.param(NGINX, FOREIGN_INGRESS, id="ingress"), pytest.param(NGINX, FOREIGN_SERVICE, id="service-nginx"), pytest.param(GATEWAY, FOREIGN_SERVICE, id="service-gateway")])
+def test_foreign_objects_are_refused_by_writes_and_left_alone_by_abort_and_reset(routing: Obj, foreign: Obj) -> None:
+    kube = (nginx_world if "nginx" in routing else gateway_world)(foreign)
+    before = kube.get(FakeKube.path_of(foreign))
+    router = make_router(kube, routing)
+    with pytest.raises(RuntimeError, match="not owned by this release"):
+        router.prepare()
+    with pytest.raises(RuntimeError, match="not owned by this release"):
+        router.set_weight(20)
+    router.set_weight(0)
+    router.reset()
+    assert kube.get(FakeKube.path_of(foreign)) == before
+
+
+def test_nginx_router_prepares_weighs_and_resets_idempotently() -> None:
+    kube = nginx_world()
+    original = user_objects(kube)
+    router = make_router(kube, NGINX)
+    router.prepare()
+    canary = kube.get(CANARY_ING)
+    assert canary is not None and canary["metadata"]["annotations"][f"{P}/canary-weight"] == "0"
+    assert canary["spec"]["rules"] == [{"host": "a.example", "http": {"paths": [http_path("web-canary")]}}]
+    canary_svc = kube.get(CANARY_SVC)
+    assert canary_svc is not None and canary_svc["spec"]["selector"] == {"app": "web", "greyrelease.io/track": "canary"}
+    assert "clusterIP" not in canary_svc["spec"]
+    assert (kube.get(SVC) or {})["spec"]["selector"] == {"app": "web", "pod-template-hash": "stablehash"}
+    kube.writes.clear()
+    router.prepare()  # a controller killed after preparing prepares again: nothing to write
+    router.set_weight(0)
+    assert kube.writes == []
+
+    router.set_weight(20, {"x-canary": "yes"})
+    router.set_weight(20, {"x-canary": "yes"})
+    assert kube.writes == [("patch", CANARY_ING)]
+    annotations = (kube.get(CANARY_ING) or {})["metadata"]["annotations"]
+    assert annotations[f"{P}/canary-weight"] == "20" and annotations[f"{P}/canary-by-header"] == "x-canary"
+    router.set_weight(0)
+    annotations = (kube.get(CANARY_ING) or {})["metadata"]["annotations"]
+    assert annotations[f"{P}/canary-weight"] == "0" and f"{P}/canary-by-header" not in annotations
+
+    router.reset()
+    router.reset()
+    assert kube.get(CANARY_ING) is None and kube.get(CANARY_SVC) is None
+    assert user_objects(kube) == original
+
+
+def test_gateway_router_prepares_weighs_and_restores_the_route_exactly() -> None:
+    kube = gateway_world()
+    original = user_objects(kube)
+    router = make_router(kube, GATEWAY)
+    router.prepare()
+    rules = (kube.get(ROUTE) or {})["spec"]["rules"]
+    assert rules == [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}]
+    assert kube.get(CANARY_SVC) is not None
+    kube.writes.clear()
+    router.prepare()
+    router.set_weight(0)
+    assert kube.writes == []
+    router.set_weight(50, HDR)
+    rules = (kube.get(ROUTE) or {})["spec"]["rules"]
+    assert [r["backendRefs"] for r in rules] == [[ref("web-canary")], [ref("web", 50), ref("web-canary", 50)]]
+    router.set_weight(0)
+    assert (kube.get(ROUTE) or {})["spec"]["rules"] == [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}]
+    router.reset()
+    router.reset()
+    assert kube.get(CANARY_SVC) is None
+    assert user_objects(kube) == original
+
+
+def test_gateway_write_on_a_route_edited_since_it_was_read_is_a_conflict() -> None:
+    kube = gateway_world()
+    router = make_router(kube, GATEWAY)
+    router.prepare()
+    stale = kube.get(ROUTE) or {}
+    kube.patch(ROUTE, {"spec": {"hostnames": ["edited.example"]}})  # the user, in between
+    with pytest.raises(Conflict):
+        kube.patch(ROUTE, weight_patch(stale, service="web", weight=30) or {})
+    router.set_weight(30)  # the next pass reads again and succeeds
+    assert (kube.get(ROUTE) or {})["spec"]["hostnames"] == ["edited.example"]
+
+
+def test_gateway_abort_before_prepare_writes_nothing() -> None:
+    kube = gateway_world()
+    make_router(kube, GATEWAY).set_weight(0)
+    make_router(kube, GATEWAY).reset()
+    assert kube.writes == []
+
+
+# --- whole releases: the planner's actions applied to the real routers -----------------------------
+
+
+class RoutedWorld(World):
+    """The planner's world, with its routing actions also applied to a router on the store (a router
+    is built for each action from the current status, as the reconciler builds one per pass)."""
+
+    kube: FakeKube
+    routing_log: list[Any]
+
+    def apply(self, action: object) -> None:
+        super().apply(action)
+        router = router_for(self.kube, namespace=NS, release=RELEASE, spec=self.spec, status=self.status)  # type: ignore[arg-type]
+        match action:
+            case PrepareRouting():
+                router.prepare()
+            case SetWeight(weight=w, header_match=h):
+                router.set_weight(w, h)
+            case RestoreStableSelector():
+                router.restore_stable_selector()
+            case ResetRouting():
+                router.reset()
+            case _:
+                return
+        self.routing_log.append((action, self.readback()))
+
+    def readback(self) -> Obj:
+        """Weight seen on the routing objects, and whether the stable Service is narrowed."""
+        narrowed = "pod-template-hash" in ((self.kube.get(SVC) or {}).get("spec", {}).get("selector") or {})
+        canary = self.kube.get(CANARY_ING)
+        if canary is not None:
+            return {"weight": int(canary["metadata"]["annotations"][f"{P}/canary-weight"]), "narrowed": narrowed}
+        rules = (self.kube.get(ROUTE) or {}).get("spec", {}).get("rules") or []
+        weights = [r.get("weight") for rule in rules for r in rule.get("backendRefs") or [] if r["name"] == "web-canary"]
+        return {"weight": weights[0] if weights else None, "narrowed": narrowed}
+
+
+def routed(routing: Obj, **fields: Any) -> RoutedWorld:
+    w = RoutedWorld(spec(trafficRouting=routing, **fields))
+    w.kube = nginx_world() if "nginx" in routing else gateway_world()
+    w.routing_log = []
+    return w
+
+
+BATCHES = {"batches": [{"replicas": 1, "weight": 20}, {"replicas": 2, "weight": 50}, {"replicas": 3, "weight": 80}, {"replicas": 4}], "batchSize": None, "canaryWeight": None}
+
+
+@pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
+def test_full_release_moves_the_weights_and_leaves_the_users_objects_as_written(routing: Obj) -> None:
+    w = routed(routing, **BATCHES)
+    original = user_objects(w.kube)
+    w.run(until={"Succeeded"})
+    log = w.routing_log
+    assert log[0] == (PrepareRouting(), {"weight": 0, "narrowed": True})
+    # Prepared before the first canary pod: the planner's first plan prepares and creates nothing else.
+    assert [a for a, _ in log if isinstance(a, SetWeight)] == [SetWeight(20), SetWeight(50), SetWeight(80), SetWeight(100), SetWeight(0)]
+    assert [seen["weight"] for a, seen in log if isinstance(a, SetWeight)] == [20, 50, 80, 100, 0]
+    # The narrowing goes before the stable rolls, and only then does the weight go back to stable.
+    kinds = [type(a) for a, _ in log]
+    assert kinds.index(RestoreStableSelector) < len(kinds) - 2
+    assert log[kinds.index(RestoreStableSelector)][1] == {"weight": 100, "narrowed": False}
+    assert kinds[-1] is ResetRouting
+    assert w.kube.get(CANARY_ING) is None and w.kube.get(CANARY_SVC) is None
+    assert user_objects(w.kube) == original
+
+
+@pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
+@pytest.mark.parametrize("how", ["abort", "delete"])
+def test_abort_and_deletion_send_the_weight_to_zero_first_and_clean_up(routing: Obj, how: str) -> None:
+    w = routed(routing, **BATCHES)
+    original = user_objects(w.kube)
+    for _ in range(50):
+        w.step()
+        if w.status.current_batch == 2 and w.status.batch_ready_at:
+            break
+        w.advance(1)
+    assert w.routing_log[-1][1]["weight"] == 50
+    if how == "abort":
+        w.annotations[ABORT_ANNOTATION] = "true"
+    else:
+        w.deleting = True
+    plan = w.step()
+    assert plan.actions[0] == SetWeight(0)
+    assert w.routing_log[-1] == (SetWeight(0), {"weight": 0, "narrowed": True})
+    for _ in range(20):
+        if w.status.phase == "Aborted" or (how == "delete" and w.plans[-1].done):
+            break
+        w.advance(10)
+        w.step()
+    assert isinstance(w.routing_log[-1][0], ResetRouting)
+    assert w.kube.get(CANARY_ING) is None and w.kube.get(CANARY_SVC) is None
+    assert user_objects(w.kube) == original
+
+
+def test_spec_model_accepts_both_modes() -> None:
+    for routing in (NGINX, GATEWAY):
+        assert GreyReleaseSpec.model_validate({"targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 50, "trafficRouting": routing})

@@ -35,17 +35,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 class Controller:
     """``greyrelease run`` in a subprocess, watching one namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str, log: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, cluster: Cluster, namespace: str, log: Path,
+        extra_env: dict[str, str] | None = None, extra_args: list[str] | None = None,
+    ) -> None:  # fmt: skip
         self.cluster = cluster
         self.namespace = namespace
         self.log = log
         self.env = {**cluster.env, **(extra_env or {})}
+        self.args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace],
+            [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace, *self.args],
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 

@@ -113,25 +113,50 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import os
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.metrics_port:
+        from .metrics import serve
+
+        serve(args.metrics_port)
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from . import operator  # noqa: F401 - registers the handlers
+    from .kubeclient import KubeClient
+    from .leader import Lease, keep, lead
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.kubeconfig:
-        import os
-
-        os.environ["KUBECONFIG"] = args.kubeconfig
     namespaces = args.namespace or []
-    asyncio.run(
-        kopf.operator(
+    lease = None
+    lost = asyncio.Event()
+    if args.leader_elect:
+        lease_ns = args.leader_election_namespace or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
+        lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
+        await lead(lease)
+        keeper = asyncio.create_task(keep(lease, lost))
+    try:
+        await kopf.operator(
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=True,
+            stop_flag=lost,
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         )
-    )
-    return 0
+    finally:
+        if lease is not None:
+            keeper.cancel()
+            if not lost.is_set():
+                await asyncio.to_thread(lease.release)
+    return 1 if lost.is_set() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument("--health-port", type=int, default=0, help="serve /healthz on this port")
+    run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
+    run.add_argument(
+        "--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+        help="act only while holding the Lease greyrelease-controller (default: on)",
+    )  # fmt: skip
+    run.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the Lease (default: the one watched namespace, else greyrelease-system)",
+    )
+    run.add_argument("--lease-seconds", type=int, default=10, help="lease duration (failover bound)")
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import kopf
 
+from . import metrics
 from .api import ANNOTATION_PREFIX, GROUP, PLURAL, RELEASE_LABEL, VERSION
 from .kubeclient import KubeClient
 from .reconciler import Outcome, Reconciler
@@ -109,7 +110,9 @@ def _post(body: Any, outcome: Outcome) -> None:
 
 
 async def _reconcile_once(namespace: str, name: str, body: Any) -> Outcome | None:
-    outcome = await asyncio.to_thread(reconciler().reconcile, namespace, name)
+    with metrics.RECONCILE.time():
+        outcome = await asyncio.to_thread(reconciler().reconcile, namespace, name)
+    metrics.record((namespace, name), outcome.plan if outcome else None)
     if outcome is not None:
         _post(body, outcome)
     return outcome

@@ -13,6 +13,7 @@ from requests.adapters import Retry
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from .analysis import Sample
+from .metrics import QUERY, QUERY_ERRORS
 
 ATTEMPTS = 3
 
@@ -44,8 +45,10 @@ class Prometheus:
     def sample(self, promql: str) -> Sample:
         """The single value of an instant query; no data for an empty result or NaN."""
         try:
-            result = self._query(promql)
+            with QUERY.time():
+                result = self._query(promql)
         except QueryError as err:
+            QUERY_ERRORS.inc()
             return Sample(error=str(err))
         if not result:
             return Sample(value=None)

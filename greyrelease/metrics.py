@@ -1,0 +1,59 @@
+"""The controller's own metrics, served on /metrics (prometheus-client).
+
+- ``greyrelease_releases{phase}``: GreyReleases by phase, as last reconciled by this process
+- ``greyrelease_batch_transitions_total``: batches that went live
+- ``greyrelease_rollbacks_total{reason}``: rollbacks started, by reason (Aborted, AnalysisFailed, ...)
+- ``greyrelease_reconcile_duration_seconds``: one pass (observe, decide, act, record)
+- ``greyrelease_prometheus_query_duration_seconds`` and ``greyrelease_prometheus_query_errors_total``
+"""
+
+from __future__ import annotations
+
+from collections import Counter as _Counter
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from . import reasons as R
+from .actions import Plan
+
+RELEASES = Gauge("greyrelease_releases", "GreyReleases by phase.", ["phase"])
+TRANSITIONS = Counter("greyrelease_batch_transitions_total", "Batches that went live (canary ready, weight set).")
+ROLLBACKS = Counter("greyrelease_rollbacks_total", "Rollbacks started, by reason.", ["reason"])
+RECONCILE = Histogram(
+    "greyrelease_reconcile_duration_seconds",
+    "Duration of one reconcile pass.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+QUERY = Histogram(
+    "greyrelease_prometheus_query_duration_seconds",
+    "Duration of one Prometheus query, retries included.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+QUERY_ERRORS = Counter("greyrelease_prometheus_query_errors_total", "Prometheus queries that failed after retries.")
+
+_ROLLBACK_REASONS = {
+    R.ABORTED, R.PROGRESS_DEADLINE, R.ANALYSIS_FAILED, R.TARGET_DELETED, R.CANARY_CONFLICT,
+}  # fmt: skip
+_phases: dict[tuple[str, str], str] = {}
+_seen_phases: set[str] = set()
+
+
+def record(key: tuple[str, str], plan: Plan | None) -> None:
+    """Count what one reconcile did; ``plan`` None when the release is gone."""
+    if plan is None:
+        _phases.pop(key, None)
+    else:
+        _phases[key] = plan.status.phase or "Pending"
+        for event in plan.events:
+            if event.reason == R.BATCH_READY:
+                TRANSITIONS.inc()
+            elif event.reason in _ROLLBACK_REASONS and plan.status.phase in ("RollingBack", "Aborted", "Failed"):
+                ROLLBACKS.labels(reason=event.reason).inc()
+    counts = _Counter(_phases.values())
+    _seen_phases.update(counts)
+    for phase in _seen_phases:  # a phase nobody is in any more reads 0, not its last count
+        RELEASES.labels(phase=phase).set(counts.get(phase, 0))
+
+
+def serve(port: int) -> None:
+    start_http_server(port, addr="0.0.0.0")

@@ -19,6 +19,7 @@ import base64
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -82,14 +83,52 @@ def find_kubectl() -> str:
 # --- small utilities ---------------------------------------------------------------------------------------
 
 
+def reserve_ports(n: int) -> list[socket.socket]:
+    """`n` sockets bound to distinct free loopback ports. A port stays taken for as long as its socket is
+    open: close it just before starting the process that listens on it."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+    except BaseException:
+        for s in held:
+            s.close()
+        raise
+    return held
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports (all picked while the others are still held)."""
+    held = reserve_ports(n)
+    ports = [int(s.getsockname()[1]) for s in held]
+    for s in held:
+        s.close()
+    return ports
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+_ERROR_LINE = re.compile(r"error|fail|fatal|panic|address already in use", re.IGNORECASE)
 
 
 class ProcessDied(RuntimeError):
     """A component exited: waiting longer cannot help."""
+
+    def __init__(self, name: str, code: int | None, log: str, tail_lines: int = 25) -> None:
+        lines = log.splitlines()
+        errors = [line for line in lines if _ERROR_LINE.search(line)][-15:]
+        message = f"{name} exited ({code})"
+        if errors:
+            message += ";\nerror lines:\n" + "\n".join(errors)
+        message += ";\nlast log lines:\n" + ("\n".join(lines[-tail_lines:]) or "(empty log)")
+        super().__init__(message)
+        self.name = name
+        # Another process took the port between picking it and the component binding it.
+        self.port_in_use = "address already in use" in log
 
 
 def wait_until(
@@ -295,13 +334,16 @@ class Process:
     def check_alive(self) -> None:
         if not self.alive():
             code = self.popen.returncode if self.popen else None
-            raise ProcessDied(f"{self.name} exited ({code}); last log lines:\n{self.tail()}")
+            raise ProcessDied(self.name, code, self.read_log())
 
-    def tail(self, lines: int = 25) -> str:
+    def read_log(self) -> str:
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+            return self.log.read_text(errors="replace")
         except OSError:
             return "(no log)"
+
+    def tail(self, lines: int = 25) -> str:
+        return "\n".join(self.read_log().splitlines()[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None or self.popen.poll() is not None:
@@ -336,46 +378,79 @@ class LocalCluster(Cluster):
         self.workdir = workdir
         self.bin = binaries or bin_dir()
         self.processes: list[Process] = []
-        self.ports = {
-            name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")
-        }
-        super().__init__(kubeconfig=workdir / "kubeconfig", server=f"https://127.0.0.1:{self.ports['apiserver']}")
+        self.ports: dict[str, int] = {}
+        self._held_ports: dict[str, socket.socket] = {}
+        super().__init__(kubeconfig=workdir / "kubeconfig")
+        self._reserve_ports()
         self._pki: Pki | None = None
         self._admin_ctx: ssl.SSLContext | None = None
 
     # The public part ----------------------------------------------------------------------------------
 
     def start(self, timeout: float = 90.0) -> None:
-        """Starts everything and returns once the nodes are Ready and pods can be created."""
+        """Starts everything and returns once the nodes are Ready and pods can be created. A component
+        that finds its port taken by another process (possible in the instant between releasing the
+        reserved port and the component binding it) makes the whole start run once more, on new ports."""
         deadline = time.monotonic() + timeout
         try:
             missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
                        if not (self.bin / b).is_file()]  # fmt: skip
             if missing:
                 raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run e2e/build/build.sh first")
-            self._prepare()
-            self._start_etcd(deadline)
-            self._start_apiserver(deadline)
-            # The rest only needs the API server; start them together and wait for all at once.
-            self._start_controller_manager()
-            self._start_scheduler()
-            self._start_kwok()
-            self._create_nodes()
-            self._wait_all_ready(deadline)
+            try:
+                self._start_once(deadline)
+            except ProcessDied as exc:
+                if not exc.port_in_use:
+                    raise
+                print(f"{exc.name} found its port taken; starting again on new ports", file=sys.stderr)
+                self._stop_processes()
+                shutil.rmtree(self.workdir, ignore_errors=True)  # etcd's data names the old ports
+                self._reserve_ports()
+                self._start_once(deadline)
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
-        for proc in reversed(self.processes):
-            proc.stop()
-        self.processes.clear()
+        self._stop_processes()
+        self._release_ports(*self._held_ports)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def pids(self) -> dict[str, int]:
         return {p.name: p.popen.pid for p in self.processes if p.popen is not None}
 
     # Steps --------------------------------------------------------------------------------------------
+
+    def _reserve_ports(self) -> None:
+        """Picks all ports at once (so no two components get the same one) and holds each until just
+        before its component starts (so no other process takes it meanwhile)."""
+        self._release_ports(*self._held_ports)
+        names = ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")
+        self._held_ports = dict(zip(names, reserve_ports(len(names))))
+        self.ports = {name: int(s.getsockname()[1]) for name, s in self._held_ports.items()}
+        self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def _release_ports(self, *names: str) -> None:
+        for name in names:
+            held = self._held_ports.pop(name, None)
+            if held is not None:
+                held.close()
+
+    def _stop_processes(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+
+    def _start_once(self, deadline: float) -> None:
+        self._prepare()
+        self._start_etcd(deadline)
+        self._start_apiserver(deadline)
+        # The rest only needs the API server; start them together and wait for all at once.
+        self._start_controller_manager()
+        self._start_scheduler()
+        self._start_kwok()
+        self._create_nodes()
+        self._wait_all_ready(deadline)
 
     def _prepare(self) -> None:
         claim_workdir(self.workdir)
@@ -401,8 +476,9 @@ class LocalCluster(Cluster):
         ctx.load_cert_chain(str(self._pki.clients["admin"].cert), str(self._pki.clients["admin"].key))
         self._admin_ctx = ctx
 
-    def _spawn(self, name: str, args: list[str]) -> Process:
+    def _spawn(self, name: str, args: list[str], ports: Iterable[str]) -> Process:
         proc = Process(name=name, args=args, log=self.workdir / "logs" / f"{name}.log")
+        self._release_ports(*ports)
         proc.start()
         self.processes.append(proc)
         return proc
@@ -431,7 +507,7 @@ class LocalCluster(Cluster):
             "--unsafe-no-fsync",  # test data: durability is worth nothing, speed is
             "--quota-backend-bytes=1073741824",
             "--log-level=warn",
-        ])  # fmt: skip
+        ], ports=("etcd", "etcd-peer"))  # fmt: skip
 
         def probe() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{p['etcd']}/health", timeout=2) as resp:
@@ -471,7 +547,7 @@ class LocalCluster(Cluster):
             "--profiling=false",
             "--event-ttl=1h",
             "--v=0",
-        ])  # fmt: skip
+        ], ports=("apiserver",))  # fmt: skip
         ctx = self._admin_ctx
         self._wait_healthy(
             proc, lambda: _https_get(f"{self.server}/readyz", ctx)[0] == 200, deadline
@@ -505,7 +581,7 @@ class LocalCluster(Cluster):
             "--kube-api-burst=400",
             "--profiling=false",
             "--v=0",
-        ])  # fmt: skip
+        ], ports=("kcm",))  # fmt: skip
 
     def _start_scheduler(self) -> None:
         kc = self._component_kubeconfig("scheduler")
@@ -526,7 +602,7 @@ class LocalCluster(Cluster):
             f"--cert-dir={self.workdir / 'scheduler'}",
             "--profiling=false",
             "--v=0",
-        ])  # fmt: skip
+        ], ports=("scheduler",))  # fmt: skip
 
     def _start_kwok(self) -> None:
         self._spawn("kwok", [
@@ -537,7 +613,7 @@ class LocalCluster(Cluster):
             "--node-ip=10.240.0.10",
             f"--server-address=127.0.0.1:{self.ports['kwok']}",
             *[arg for stage in KWOK_STAGES for arg in ("-c", str(stage))],
-        ])  # fmt: skip
+        ], ports=("kwok",))  # fmt: skip
 
     def _api(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
         assert self._admin_ctx is not None

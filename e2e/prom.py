@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import HERE, Process, free_port, wait_until
+from e2e.cluster import HERE, Process, free_ports, wait_until
 
 SCRAPE_INTERVAL = "1s"
 Expectation = Callable[[float | None], bool] | float | int | None
@@ -130,8 +130,7 @@ class PrometheusStack:
     def __init__(self, workdir: Path, prometheus_bin: str | None = None) -> None:
         self.workdir = workdir
         self.prometheus_bin = prometheus_bin or find_prometheus()
-        self.port = free_port()
-        self.exporter_port = free_port()
+        self.port, self.exporter_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
         self.exporter_url = f"http://127.0.0.1:{self.exporter_port}"
         self.targets_file = workdir / "extra-targets.json"

@@ -1,0 +1,230 @@
+"""End-to-end: the install of config/default, and the controller running with exactly its RBAC.
+
+The controller runs as a local process authenticated as the ServiceAccount of config/rbac (a
+TokenRequest token, as in a pod), so every API call it makes goes through the ClusterRole that ships; a
+missing permission fails the release, and any 403 in its log fails the test.
+
+What is applied is `kubectl kustomize config/default` minus the controller Deployment: its image is not
+in this cluster (KWOK would only pretend to run it), and a second controller would race the one under
+test. Everything else is applied exactly as `kubectl apply -k config/default` would; the Deployment is
+checked by the API server with a server-side dry run of the whole kustomization.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster import Cluster, find_kubectl, free_port
+from e2e.controller import ROOT, Controller, apply_release, deploy_app, deployment, events, gr, status, wait_for
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM_NAMESPACE = "greyrelease-system"
+SERVICE_ACCOUNT = "greyrelease-controller"
+AS_CONTROLLER = f"--as=system:serviceaccount:{SYSTEM_NAMESPACE}:{SERVICE_ACCOUNT}"
+SERVICE = {"service": {"name": "web"}}
+# A refused request as kopf and the controller log it ("403 Forbidden: ...", kopf's "Not enough
+# permissions"); not the milliseconds of a timestamp ("12:00:01,403").
+DENIED_IN_LOG = re.compile(r"(?<![,.:\d])403\b|[Ff]orbidden|Not enough permissions")
+
+
+def install_manifests(cluster: Cluster) -> list[dict[str, Any]]:
+    """`kubectl kustomize config/default`, as objects."""
+    built = cluster.kubectl("kustomize", str(ROOT / "config" / "default")).stdout
+    return [doc for doc in yaml.safe_load_all(built) if doc]
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> list[dict[str, Any]]:
+    """config/default applied, except the controller Deployment (see the module docstring)."""
+    objects = [o for o in install_manifests(cluster) if o["kind"] != "Deployment"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
+    wait_for(
+        lambda: cluster.kubectl("get", "serviceaccount", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0,
+        10, "the controller's ServiceAccount",
+    )  # fmt: skip
+    return objects
+
+
+class ControllerAsServiceAccount(Controller):
+    """`greyrelease run` with the ServiceAccount's kubeconfig, as the pod runs it (its Lease in
+    greyrelease-system), but watching only the test's namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str, log: Path, kubeconfig: Path) -> None:
+        super().__init__(cluster, namespace, log, extra_env={"KUBECONFIG": str(kubeconfig)})
+        self.health_port = free_port()
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace,
+             "--health-port", str(self.health_port), f"--leader-election-namespace={SYSTEM_NAMESPACE}"],
+            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def denials(self) -> list[str]:
+        return [line for line in self.log.read_text(errors="replace").splitlines() if DENIED_IN_LOG.search(line)]
+
+    def wait_phase(self, name: str, phases: set[str], timeout: float) -> dict[str, Any]:
+        """Like e2e.controller.wait_phase, but a permission denied in the log fails at once."""
+
+        def check() -> dict[str, Any] | None:
+            denied = self.denials()
+            assert not denied, "\n".join(denied)
+            st = status(self.cluster, self.namespace, name)
+            return st if st.get("phase") in phases else None
+
+        return wait_for(check, timeout, f"GreyRelease {name} in {phases}")
+
+
+@pytest.fixture
+def sa_controller(
+    cluster: Cluster, installed: list[dict[str, Any]], namespace: str, tmp_path: Path
+) -> Iterator[ControllerAsServiceAccount]:
+    kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NAMESPACE, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig")
+    ctl = ControllerAsServiceAccount(cluster, namespace, tmp_path / "controller.log", kubeconfig)
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+        cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
+        for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
+            cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
+def test_default_kustomization_passes_a_server_side_dry_run(cluster: Cluster, installed: list[dict[str, Any]]) -> None:
+    proc = cluster.kubectl("apply", "-k", str(ROOT / "config" / "default"), "--dry-run=server")
+    assert "deployment.apps/greyrelease-controller created (server dry run)" in proc.stdout, proc.stdout
+    for kind in ("namespace", "customresourcedefinition.apiextensions.k8s.io", "serviceaccount",
+                 "clusterrole.rbac.authorization.k8s.io", "clusterrolebinding.rbac.authorization.k8s.io"):  # fmt: skip
+        assert f"{kind}/" in proc.stdout, proc.stdout
+    # The pod meets the namespace's enforced "restricted" Pod Security level: no warning about it.
+    assert "PodSecurity" not in proc.stderr, proc.stderr
+    assert deployment(cluster, SYSTEM_NAMESPACE, "greyrelease-controller") is None  # a dry run it was
+
+
+def test_the_manager_deployment_is_locked_down() -> None:
+    built = subprocess.run(
+        [find_kubectl(), "kustomize", str(ROOT / "config" / "default")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    [dep] = [o for o in yaml.safe_load_all(built) if o and o["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == "greyrelease:0.1.0"
+    assert pod["serviceAccountName"] == SERVICE_ACCOUNT and dep["metadata"]["namespace"] == SYSTEM_NAMESPACE
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert set(container["resources"]) == {"requests", "limits"}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert container["args"] == ["--health-port=8080", "--leader-election-namespace=$(POD_NAMESPACE)"]
+    assert container["env"] == [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+
+
+def test_the_cluster_role_has_no_wildcards(installed: list[dict[str, Any]]) -> None:
+    roles = [o for o in installed if o["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], (role["metadata"]["name"], rule)
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "allowed"),
+    [
+        ("watch", "greyreleases.greyrelease.io", True),
+        ("patch", "greyreleases.greyrelease.io/status", True),
+        ("delete", "deployments.apps", True),
+        ("list", "replicasets.apps", True),
+        ("create", "events", True),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io", True),
+        ("get", "secrets", True),
+        ("delete", "greyreleases.greyrelease.io", False),
+        ("update", "deployments.apps", False),
+        ("list", "secrets", False),
+        ("create", "pods", False),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io", False),
+        ("create", "clusterroles.rbac.authorization.k8s.io", False),
+    ],
+    ids=lambda v: str(v),
+)
+def test_service_account_may_do_its_job_and_no_more(
+    cluster: Cluster, installed: list[dict[str, Any]], verb: str, resource: str, allowed: bool
+) -> None:
+    proc = cluster.kubectl("auth", "can-i", verb, resource, "--all-namespaces", AS_CONTROLLER, check=False)
+    assert proc.stdout.strip() == ("yes" if allowed else "no"), (verb, resource, proc.stdout, proc.stderr)
+
+
+def test_leases_only_in_the_controller_namespace(cluster: Cluster, installed: list[dict[str, Any]]) -> None:
+    def can(ns: str) -> str:
+        return cluster.kubectl("auth", "can-i", "update", "leases.coordination.k8s.io", "-n", ns, AS_CONTROLLER, check=False).stdout.strip()
+
+    assert can(SYSTEM_NAMESPACE) == "yes" and can("default") == "no"
+
+
+def test_release_and_abort_with_only_the_shipped_rbac(
+    cluster: Cluster, namespace: str, sa_controller: ControllerAsServiceAccount
+) -> None:
+    try:
+        wait_for(sa_controller.healthy, 30, "the controller's /healthz")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{sa_controller.logs()}") from None
+    deploy_app(cluster, namespace, replicas=4)
+
+    # A whole release, to the end.
+    batches = [{"replicas": 2, "pause": "1s"}, {"replicas": 4}]
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    st = sa_controller.wait_phase("web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
+    assert st["phase"] == "Succeeded", (st, sa_controller.logs())
+    dep = deployment(cluster, namespace, "web")
+    assert dep is not None and dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/app:v2"
+    assert deployment(cluster, namespace, "web-canary") is None
+
+    # The next version, aborted while it waits for approval: everything back to v2.
+    batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v3", batches=batches, trafficRouting=SERVICE))
+    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt") and status(cluster, namespace, "web").get("targetVersion") == "v3",
+             60, "batch 1 of v3 live")  # fmt: skip
+    cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true")
+    st = sa_controller.wait_phase("web", {"Aborted"}, timeout=60)
+    wait_for(lambda: deployment(cluster, namespace, "web-canary") is None, 30, "canary removed")
+    dep = deployment(cluster, namespace, "web")
+    assert dep is not None and dep["spec"]["replicas"] == 4
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/app:v2"
+    assert cluster.kubectl_json("get", "service", "web", "-n", namespace)["spec"]["selector"] == {"app": "web"}
+
+    # Deleting it: the controller lets its finalizer go.
+    cluster.kubectl("delete", "gr", "web", "-n", namespace, "--wait=false")
+    wait_for(lambda: cluster.kubectl("get", "gr", "web", "-n", namespace, check=False).returncode != 0, 30, "release deleted")
+
+    # Events were posted by the controller itself, as the ServiceAccount.
+    reasons = [e["reason"] for e in events(cluster, namespace, "web")]
+    assert "Succeeded" in reasons and "Aborted" in reasons, reasons
+    time.sleep(1)  # let the last lines reach the log
+    assert sa_controller.denials() == [], sa_controller.logs()
+    assert sa_controller.proc is not None and sa_controller.proc.poll() is None, sa_controller.logs()

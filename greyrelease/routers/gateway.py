@@ -198,16 +198,24 @@ def route_problem(route: Obj | None, *, name: str, service: str) -> str:
             return f"spec.trafficRouting.gatewayAPI: HTTPRoute {name!r} already routes to Service {canary!r}"
     stable_rules = [r for r in rules if routes_to(r, service, namespace)]
     if not stable_rules:
-        return f"spec.trafficRouting.gatewayAPI: HTTPRoute {name!r} has no rule with a backendRef to Service {service!r}"
+        return f"spec.trafficRouting.gatewayAPI: HTTPRoute {name!r} has no backendRef to Service {service!r}"
     for rule in stable_rules:
-        if len(rule["backendRefs"]) > 1 and any(int(r.get("weight", 1)) * 100 > MAX_WEIGHT for r in rule["backendRefs"]):
+        refs = rule["backendRefs"]
+        # Beside other backends every weight is multiplied by 100 (see _weighted_refs).
+        if len(refs) > 1 and any(int(r.get("weight", 1)) * 100 > MAX_WEIGHT for r in refs):
             return f"spec.trafficRouting.gatewayAPI: HTTPRoute {name!r} has weights above {MAX_WEIGHT // 100}"
     return ""
 
 
 class GatewayRouter:
     def __init__(
-        self, kube: KubeClient, *, namespace: str, routing: GatewayRouting, owner: Obj, stable_hash: Callable[[], str]
+        self,
+        kube: KubeClient,
+        *,
+        namespace: str,
+        routing: GatewayRouting,
+        owner: Obj,
+        stable_hash: Callable[[], str],
     ) -> None:
         self.kube = kube
         self.routing = routing

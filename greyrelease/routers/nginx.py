@@ -73,8 +73,8 @@ def canary_rules(ingress: Obj, *, stable_service: str, canary_service: str) -> l
 def canary_annotations(prefix: str, weight: int, header_match: dict[str, str] | None) -> dict[str, str | None]:
     """The annotations that set the canary's share; None marks one to remove.
 
-    >>> canary_annotations("nginx.ingress.kubernetes.io", 20, {"x-canary": "yes"})["nginx.ingress.kubernetes.io/canary-by-header"]
-    'x-canary'
+    >>> canary_annotations("p", 20, {"x-canary": "yes"})
+    {'p/canary': 'true', 'p/canary-weight': '20', 'p/canary-by-header': 'x-canary', 'p/canary-by-header-value': 'yes'}
 
     Weight 0 also drops the header rule: 0 is the abort, and a header would keep feeding the canary.
     """
@@ -104,9 +104,8 @@ def build_canary_ingress(
     user_class = (meta.get("annotations") or {}).get(INGRESS_CLASS_ANNOTATION)
     if user_class is not None:
         annotations[INGRESS_CLASS_ANNOTATION] = user_class
-    body_spec: Obj = {
-        "rules": canary_rules(ingress, stable_service=stable_service, canary_service=canary_service_name(stable_service))
-    }
+    canary_service = canary_service_name(stable_service)
+    body_spec: Obj = {"rules": canary_rules(ingress, stable_service=stable_service, canary_service=canary_service)}
     for key in ("ingressClassName", "tls"):
         if key in spec:
             body_spec[key] = copy.deepcopy(spec[key])

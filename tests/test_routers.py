@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -634,3 +635,97 @@ def test_abort_and_deletion_send_the_weight_to_zero_first_and_clean_up(routing: 
 def test_spec_model_accepts_both_modes() -> None:
     for routing in (NGINX, GATEWAY):
         assert GreyReleaseSpec.model_validate({"targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 50, "trafficRouting": routing})
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingKube(FakeKube):
+    """Dies before its ``at``-th write (0-based), as a controller killed between two writes would."""
+
+    def __init__(self, *objects: Obj, at: int) -> None:
+        super().__init__(*objects)
+        self.at = at
+
+    def _maybe_crash(self) -> None:
+        if len(self.writes) == self.at:
+            self.at = -1  # the restarted controller runs on
+            raise Crash
+
+    def create(self, collection: str, body: Obj) -> Obj:
+        self._maybe_crash()
+        return super().create(collection, body)
+
+    def patch(self, p: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
+        self._maybe_crash()
+        return super().patch(p, body, patch_type=patch_type)
+
+    def delete(self, p: str, *, propagation: str = "Background") -> bool:
+        self._maybe_crash()
+        return super().delete(p, propagation=propagation)
+
+
+STEPS: list[Callable[[Router], None]] = [
+    lambda r: r.prepare(),
+    lambda r: r.set_weight(20, {"x-canary": "yes"}),
+    lambda r: r.set_weight(60),
+    lambda r: r.set_weight(0),
+    lambda r: r.restore_stable_selector(),
+    lambda r: r.reset(),
+]
+
+
+def _states(kube: FakeKube, routing: Obj) -> list[Obj]:
+    """The objects after each step; a step that crashes is run again, as the next pass would."""
+    out = []
+    for run in STEPS:
+        try:
+            run(make_router(kube, routing))
+        except Crash:
+            run(make_router(kube, routing))
+        out.append(_snapshot(kube))
+    return out
+
+
+def _snapshot(kube: FakeKube) -> dict[str, Obj]:
+    """Every object, without the resourceVersion the store bumps on each write."""
+    out = {}
+    for p, obj in kube.objects.items():
+        obj = copy.deepcopy(obj)
+        obj["metadata"].pop("resourceVersion")
+        out[p] = obj
+    return out
+
+
+@pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
+def test_a_controller_killed_between_any_two_writes_converges_on_the_same_objects(routing: Obj) -> None:
+    world = nginx_world if "nginx" in routing else gateway_world
+    clean = world()
+    expected = _states(clean, routing)
+    assert len(clean.writes) >= 8
+    for at in range(len(clean.writes)):
+        kube = CrashingKube(*world().objects.values(), at=at)
+        assert _states(kube, routing) == expected, f"killed before write {at}"
+
+
+class DefaultingKube(FakeKube):
+    """Stores HTTPRoutes with the upstream CRD's defaults filled in, as a real Gateway API install does."""
+
+    def put(self, obj: Obj) -> None:
+        if obj.get("kind") == "HTTPRoute":
+            obj = merge(obj, {"spec": {"rules": normal_rules(obj["spec"].get("rules") or [])}})
+        super().put(obj)
+
+
+def test_gateway_router_does_not_rewrite_a_route_the_api_server_defaulted() -> None:
+    kube = DefaultingKube(route({"backendRefs": [ref("web")]}), service(), *STABLE)
+    router = make_router(kube, GATEWAY)
+    router.prepare()
+    router.set_weight(30, HDR)
+    kube.writes.clear()
+    router.set_weight(30, HDR)
+    assert kube.writes == []
+    router.set_weight(0)
+    router.reset()
+    assert (kube.get(ROUTE) or {})["spec"]["rules"] == normal_rules([{"backendRefs": [ref("web")]}])

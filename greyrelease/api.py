@@ -355,6 +355,7 @@ class BatchRecord(_Camel):
     canary_replicas: int = 0
     weight: int = 0
     started_at: str | None = None
+    ready_at: str | None = Field(None, description="When the canary was ready and the weight set.")
     finished_at: str | None = None
     result: str = ""
 

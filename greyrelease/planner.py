@@ -500,7 +500,7 @@ def _scale_batch(
         canary_replicas=step.canary_replicas,
         stable_replicas=step.stable_replicas,
     )
-    b.history(k, canary_replicas=step.canary_replicas, weight=step.weight)
+    b.history(k, canary_replicas=step.canary_replicas, weight=step.weight, ready_at=now)
     b.event(
         R.BATCH_READY,
         f"batch {k}/{n}: {step.canary_replicas} canary pods ready, weight {step.weight}%",

@@ -113,9 +113,15 @@ def _event_time(event: Obj) -> str:
     return event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or ""
 
 
+def _event_order(event: Obj) -> tuple[datetime, datetime]:
+    # lastTimestamp has whole seconds; eventTime (kept to the microsecond) orders events of one second.
+    never = datetime.min.replace(tzinfo=timezone.utc)
+    return (parse_time(_event_time(event)) or never, parse_time(event.get("eventTime")) or never)
+
+
 def last_events(events: Sequence[Obj], n: int = EVENTS_SHOWN) -> list[Obj]:
     """The ``n`` most recent events, oldest first."""
-    return sorted(events, key=_event_time)[-n:]
+    return sorted(events, key=_event_order)[-n:]
 
 
 def is_finished(release: Obj) -> bool:

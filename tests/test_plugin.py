@@ -109,6 +109,14 @@ def test_progressing_release_shows_everything_a_user_asks_about() -> None:
     assert shown[-1].split()[:2] == ["10s", "Warning"]
 
 
+def test_events_of_one_second_are_ordered_by_their_microseconds() -> None:
+    second = ts(5)
+    later = {**event("BatchReady", 5), "eventTime": second.replace("Z", ".500000Z")}
+    earlier = {**event("Promoted", 5), "eventTime": second.replace("Z", ".100000Z")}
+    text = render_status(release(PROGRESSING), [later, earlier], NOW)
+    assert text.index("Promoted") < text.index("BatchReady")
+
+
 def test_release_the_controller_has_not_seen_yet() -> None:
     text = render_status(release(), [], NOW)
     assert "Phase:       Pending\n" in text

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all venv deps system-deps binaries crds test unit e2e demo cluster-up cluster-down clean
+.PHONY: all venv deps system-deps binaries crds test unit e2e demo cluster-up cluster-down clean bench
 
 all: test
 
@@ -69,3 +69,8 @@ image:
 	@if [ -z "$(CONTAINER_ENGINE)" ]; then \
 	  echo "error: a container engine (docker or podman) is needed to build $(IMAGE)" >&2; exit 1; fi
 	$(CONTAINER_ENGINE) build -t $(IMAGE) .
+
+# Many releases at once on the local cluster; writes bench/RESULTS.md (+ results.json, results.png).
+bench: deps
+	$(PY) -m pip install --quiet matplotlib
+	$(PY) -m bench.run --sizes 100 500 1000

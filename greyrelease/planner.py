@@ -482,7 +482,8 @@ def _scale_batch(
         b.act(EnsureCanary(replicas=step.canary_replicas, image=image, version=spec.target_version))
         if target.replicas != stable_before:
             b.act(ScaleStable(stable_before))
-        b.set(message=f"batch {k}/{n}: waiting for {step.canary_replicas} canary pods ({have} ready)")
+        # The message does not count ready pods: it would cost a status write per pod.
+        b.set(message=f"batch {k}/{n}: waiting for {step.canary_replicas} canary pods to be ready")
         b.at(min(deadline, b.now + timedelta(seconds=CONVERGE_POLL)))
         return
 
@@ -660,7 +661,7 @@ def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
                 f"{spec.progress_deadline_seconds}s (progressDeadlineSeconds)",
             )
             return
-        b.set(message=f"promoting: {min(target.updated, target.ready)}/{replicas} stable pods ready on the target")
+        b.set(message=f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}")
         b.at(min(deadline, b.now + timedelta(seconds=CONVERGE_POLL)))
         return
     if observed.canary is not None:

@@ -127,7 +127,7 @@ def test_batch_grows_canary_before_shrinking_stable_then_moves_traffic() -> None
     # Canary first; the stable keeps all its replicas while the canary is not ready.
     assert plan.actions == (EnsureCanary(replicas=2, image="app:v2", version="v2"),)
     assert plan.status.batch_ready_at is None
-    assert "waiting for 2 canary pods (0 ready)" in plan.status.message
+    assert "waiting for 2 canary pods to be ready" in plan.status.message
     w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
     plan = w.step()
     assert plan.actions == (ScaleStable(8), SetWeight(20, None))
@@ -453,7 +453,7 @@ def test_promotion_waits_for_the_stable_rollout_then_removes_the_canary() -> Non
     plan = w.step()
     assert plan.actions == (RestoreStableSelector(), SetStableImage("app:v2", 10))
     plan = w.step()
-    assert "0/10 stable pods ready" in plan.status.message and w.canary is not None
+    assert "waiting for 10 stable pods ready on v2" in plan.status.message and w.canary is not None
     w.stable = replace(w.stable, ready=10, updated=10, available=10, total=10)
     plan = w.step()
     assert plan.actions == (SetWeight(0), DeleteCanary())

@@ -1,0 +1,393 @@
+"""`make bench`: many releases at once on the local cluster, measured from the outside.
+
+For each N: N two-replica Deployments with a Service each, one controller process watching their
+namespace, and N GreyReleases applied at once (batch 1: 1 canary pod, 2 s pause; batch 2: all pods; then
+promotion). Measured:
+
+- completion time, and the lag of each batch transition beyond its planned pause (``history[].readyAt``
+  to ``finishedAt``, minus the pause), p50/p99;
+- abort latency: from the abort annotation being written to the Service selector narrowing (weight 0)
+  being seen on a watch of the Services, for up to 200 releases held at a manual pause, p50/p99;
+- the controller's CPU seconds and peak resident memory (from /proc);
+- API requests per release by verb, from the API server's own ``apiserver_request_total`` (resources the
+  controller uses; the API server's metrics are per resource, not per client, so the setup's own writes
+  are subtracted and the rest of the control plane does not write those resources);
+- API writes while idle, over 60 s after every release finished.
+
+Usage: python -m bench.run --sizes 100 500 1000 [--out bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import urllib3
+
+from e2e.cluster import Cluster, LocalCluster, external_cluster
+from e2e.controller import CRD
+from greyrelease.kubeclient import KubeClient, path
+from greyrelease.planner import parse_time
+
+ROOT = Path(__file__).resolve().parent.parent
+RESOURCES = {"greyreleases", "deployments", "replicasets", "services", "events"}
+# Resources only the controller writes (the Deployment controller writes Deployments' status, which is
+# not counted; ReplicaSets and Events are written by the rest of the control plane too).
+CONTROLLER_WRITES = {"greyreleases", "greyreleases/status", "deployments", "services"}
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+PAUSE = 2.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = 16) -> list[Any]:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))
+
+
+class ProcStats:
+    """CPU seconds and peak RSS of one process, sampled from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak_rss = max(self.peak_rss, self.rss())
+            except OSError:
+                return
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def api_counts(kube: KubeClient) -> Counter[tuple[str, str]]:
+    """apiserver_request_total by (verb, resource), for the resources the controller uses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = kube._pool.request("GET", kube.host + "/metrics", headers=kube._headers())
+    counts: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(resp.data.decode()):
+        if family.name != "apiserver_request":
+            continue
+        for s in family.samples:
+            labels = s.labels
+            if not s.name.endswith("_total") or labels.get("resource") not in RESOURCES:
+                continue
+            if labels.get("subresource") not in ("", None, "status") or labels.get("verb") == "WATCH":
+                continue
+            if labels["resource"] == "deployments" and labels.get("subresource") == "status":
+                continue  # the Deployment controller's status updates
+            resource = labels["resource"] + ("/status" if labels.get("subresource") == "status" else "")
+            counts[(labels["verb"], resource)] += s.value
+    return counts
+
+
+class ServiceWatch(threading.Thread):
+    """Watches the Services of a namespace; records when each one's selector is first narrowed."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.kube = kube
+        self.namespace = namespace
+        self.narrowed: dict[str, float] = {}
+        self.started = threading.Event()
+        self._resp: Any = None
+
+    def run(self) -> None:
+        listing = self.kube.request("GET", path("", "v1", "services", self.namespace))
+        rv = listing["metadata"]["resourceVersion"]
+        url = self.kube.host + path("", "v1", "services", self.namespace) + f"?watch=1&resourceVersion={rv}"
+        self._resp = self.kube._pool.request(
+            "GET", url, headers=self.kube._headers(), preload_content=False, timeout=urllib3.Timeout(connect=5, read=600)
+        )
+        self.started.set()
+        buf = b""
+        try:
+            for chunk in self._resp.stream(4096):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    event = json.loads(line)
+                    obj = event.get("object", {})
+                    name = obj.get("metadata", {}).get("name", "")
+                    if "pod-template-hash" in (obj.get("spec", {}).get("selector") or {}) and name not in self.narrowed:
+                        self.narrowed[name] = time.time()
+        except Exception:  # noqa: BLE001 - the watch ends when the benchmark closes it
+            return
+
+    def close(self) -> None:
+        if self._resp is not None:
+            self._resp.release_conn()
+
+
+def app(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    labels = {"app": name}
+    dep = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "app", "image": "registry.example/app:v1"}]}}},
+    }  # fmt: skip
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+           "spec": {"selector": labels, "ports": [{"port": 80}]}}  # fmt: skip
+    return dep, svc
+
+
+def release(name: str, version: str, batches: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": name},
+        "spec": {"targetRef": {"name": name}, "targetVersion": version, "batches": batches,
+                 "trafficRouting": {"service": {"name": name}}},
+    }  # fmt: skip
+
+
+def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError(what)
+
+
+def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[str, Any]:
+    ns = f"bench-{n}"
+    gr_path = path("greyrelease.io", "v1", "greyreleases", ns)
+    kube.create(path("", "v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    cluster.wait_for_namespace_ready(ns, timeout=60)
+    names = [f"app-{i:04d}" for i in range(n)]
+
+    def make(name: str) -> None:
+        dep, svc = app(name)
+        kube.create(path("apps", "v1", "deployments", ns), dep)
+        kube.create(path("", "v1", "services", ns), svc)
+
+    parallel(make, names)
+
+    def all_ready() -> bool:
+        items = kube.list(path("apps", "v1", "deployments", ns))
+        return sum(1 for d in items if d.get("status", {}).get("readyReplicas") == 2) == n
+
+    wait(all_ready, 600, "apps ready", 2)
+
+    log = (workdir / f"controller-{n}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "greyrelease", "run", "--namespace", ns, "--no-leader-elect"],
+        cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    stats = ProcStats(proc.pid)
+    try:
+        time.sleep(5)  # the controller lists and watches before the clock starts
+        cpu0 = stats.cpu()
+        counts0 = api_counts(kube)
+        t0 = time.time()
+        batches = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
+        parallel(lambda name: kube.create(gr_path, release(name, "v2", batches)), names)
+
+        def finished() -> bool:
+            items = kube.list(gr_path)
+            return sum(1 for g in items if (g.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Aborted")) == n
+
+        wait(finished, 1800, f"{n} releases finished", 1)
+        items = kube.list(gr_path)
+        done_at = max(parse_time(g["status"].get("phaseStartedAt")) or datetime.fromtimestamp(t0).astimezone() for g in items)
+        phases = Counter(g["status"]["phase"] for g in items)
+        lags: list[float] = []
+        for g in items:
+            for rec, pause in zip(g["status"]["history"], (PAUSE, 0.0)):
+                ready, fin = parse_time(rec.get("readyAt")), parse_time(rec.get("finishedAt"))
+                if ready and fin:
+                    lags.append((fin - ready).total_seconds() - pause)
+        cpu_release = stats.cpu() - cpu0
+        counts1 = api_counts(kube)
+
+        # Idle: every release finished; nothing should be written.
+        time.sleep(2)
+        idle0 = api_counts(kube)
+        time.sleep(60)
+        idle1 = api_counts(kube)
+        idle_writes = sum(v for (verb, res), v in (idle1 - idle0).items() if verb in WRITES and res in CONTROLLER_WRITES)
+
+        # Abort latency: hold up to 200 releases at a manual pause, then abort them all.
+        m = min(n, 200)
+        held = names[:m]
+        hold = [{"replicas": 1, "pause": "manual"}, {"replicas": 2}]
+        parallel(lambda name: kube.patch(f"{gr_path}/{name}", {"spec": {"targetVersion": "v3", "batches": hold}}), held)
+
+        def live() -> bool:
+            got = {g["metadata"]["name"]: g.get("status") or {} for g in kube.list(gr_path)}
+            return all(got[h].get("batchReadyAt") and got[h].get("targetVersion") == "v3" for h in held)
+
+        wait(live, 900, "held releases live", 1)
+        watch = ServiceWatch(kube, ns)
+        watch.start()
+        watch.started.wait(10)
+        time.sleep(0.5)
+        written: dict[str, float] = {}
+
+        def abort(name: str) -> None:
+            kube.patch(f"{gr_path}/{name}", {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}})
+            written[name] = time.time()
+
+        parallel(abort, held, workers=8)
+        wait(lambda: len(watch.narrowed) >= m, 120, "all aborts narrowed", 0.2)
+        watch.close()
+        aborts = [watch.narrowed[h] - written[h] for h in held]
+        wait(lambda: sum(1 for g in kube.list(gr_path) if g["status"]["phase"] == "Aborted") == m, 900, "aborted", 2)
+
+        delta = counts1 - counts0
+        delta[("POST", "greyreleases")] -= n  # the benchmark's own creates
+        per_release = {f"{verb} {res}": round(v / n, 2) for (verb, res), v in sorted(delta.items()) if v > 0}
+        writes = sum(v for (verb, res), v in delta.items() if verb in WRITES and res in CONTROLLER_WRITES)
+        return {
+            "n": n,
+            "phases": dict(phases),
+            "completion_s": round((done_at.timestamp() - t0), 1),
+            "lag_p50_s": round(pct(lags, 50), 3),
+            "lag_p99_s": round(pct(lags, 99), 3),
+            "abort_n": m,
+            "abort_p50_s": round(pct(aborts, 50), 3),
+            "abort_p99_s": round(pct(aborts, 99), 3),
+            "cpu_s": round(cpu_release, 1),
+            "peak_rss_mib": round(stats.peak_rss / 2**20, 1),
+            "requests_per_release": per_release,
+            "writes_per_transition": round(writes / (2 * n), 2),
+            "idle_writes_60s": idle_writes,
+        }
+    finally:
+        stats.stop()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for g in kube.list(gr_path):
+            kube.patch(f"{gr_path}/{g['metadata']['name']}", {"metadata": {"finalizers": None}})
+        kube.delete(path("", "v1", "namespaces", name=ns))
+
+
+def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Produced by `{command}` on the local cluster (KWOK nodes), 2 cores. Each release: a 2-replica",
+        "Deployment and its Service; batch 1 = 1 canary pod with a 2 s pause, batch 2 = all pods, then",
+        "promotion. Abort latency: annotation written -> Service narrowed to the stable ReplicaSet, seen on a watch.",
+        "",
+    ]
+    for r in results:
+        lines += [
+            f"## N = {r['n']}",
+            "",
+            "| metric | value |",
+            "| --- | --- |",
+            f"| phases | {r['phases']} |",
+            f"| completion (apply -> last Succeeded) | {r['completion_s']} s |",
+            f"| transition lag beyond the pause, p50 / p99 | {r['lag_p50_s']} s / {r['lag_p99_s']} s |",
+            f"| abort latency ({r['abort_n']} releases at once), p50 / p99 | {r['abort_p50_s']} s / {r['abort_p99_s']} s |",
+            f"| controller CPU during the releases | {r['cpu_s']} s |",
+            f"| controller peak resident memory | {r['peak_rss_mib']} MiB |",
+            f"| controller API writes per batch transition (GreyReleases, Deployments, Services) | {r['writes_per_transition']} |",
+            f"| controller API writes while idle (60 s) | {r['idle_writes_60s']:g} |",
+            "",
+            "API requests per release, by verb and resource (ReplicaSet writes and most Events come from the",
+            "Deployment and ReplicaSet controllers, not from GreyRelease):",
+            "",
+            "| request | per release |",
+            "| --- | --- |",
+            *[f"| {k} | {v} |" for k, v in r["requests_per_release"].items()],
+            "",
+        ]
+    out.write_text("\n".join(lines) + "\n")
+    (out.parent / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    ns = [r["n"] for r in results]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(ns, [r["abort_p99_s"] for r in results], "o-", label="abort p99")
+    ax1.plot(ns, [r["abort_p50_s"] for r in results], "o--", label="abort p50")
+    ax1.plot(ns, [r["lag_p99_s"] for r in results], "s-", label="transition lag p99")
+    ax1.plot(ns, [r["lag_p50_s"] for r in results], "s--", label="transition lag p50")
+    ax1.set_xlabel("concurrent releases")
+    ax1.set_ylabel("seconds")
+    ax1.legend()
+    ax2.plot(ns, [r["peak_rss_mib"] for r in results], "o-", color="tab:red")
+    ax2.set_xlabel("concurrent releases")
+    ax2.set_ylabel("controller peak RSS (MiB)")
+    fig.tight_layout()
+    fig.savefig(out.parent / "results.png", dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 500, 1000])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args()
+    command = "python -m bench.run --sizes " + " ".join(map(str, args.sizes))
+    workdir = Path(tempfile.mkdtemp(prefix="greyrelease-bench-"))
+    cluster = external_cluster()
+    local = None
+    if cluster is None:
+        local = LocalCluster(workdir / "cluster")
+        local.start()
+        cluster = local
+    try:
+        cluster.kubectl("apply", "-f", str(CRD))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
+        kube = KubeClient.from_environment(str(cluster.kubeconfig))
+        results = []
+        for n in args.sizes:
+            print(f"N = {n} ...", flush=True)
+            result = run_size(cluster, kube, n, workdir)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+            report(results, command, Path(args.out))
+    finally:
+        if local is not None:
+            local.stop()
+    print(f"wrote {args.out}; controller logs in {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

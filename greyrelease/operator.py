@@ -99,6 +99,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Events are posted deliberately, one per transition; kopf's own log lines are not copied into
     # them (only critical ones would be).
     settings.posting.level = logging.CRITICAL
+    settings.posting.reporting_component = "greyrelease"
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
     reconciler()

@@ -257,6 +257,10 @@ class Reconciler:
         if due(spec.analysis, phase=status.phase, batch_ready_at=status.batch_ready_at, statuses=list(status.metrics), now=now):
             observed = replace(observed, checks=self._checks(release, spec, status))
         plan = decide(spec, status, observed, now)
+        if plan.actions:
+            # The router acts on what the plan records (e.g. the stable ReplicaSet's hash, recorded in the
+            # very pass that prepares the routing), not on the status read before it.
+            world.router = router_for(self.kube, namespace=release["metadata"]["namespace"], release=release, spec=spec, status=plan.status)
         for action in plan.actions:
             self._apply(action, world)
         if not observed.deleting:

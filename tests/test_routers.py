@@ -543,14 +543,15 @@ def test_gateway_abort_before_prepare_writes_nothing() -> None:
 
 class RoutedWorld(World):
     """The planner's world, with its routing actions also applied to a router on the store (a router
-    is built for each action from the current status, as the reconciler builds one per pass)."""
+    is built for each action from the status of the plan being applied, as the reconciler does)."""
 
     kube: FakeKube
     routing_log: list[Any]
 
     def apply(self, action: object) -> None:
         super().apply(action)
-        router = router_for(self.kube, namespace=NS, release=RELEASE, spec=self.spec, status=self.status)  # type: ignore[arg-type]
+        status = self.acting or self.status  # as the reconciler does: the status of the plan being applied
+        router = router_for(self.kube, namespace=NS, release=RELEASE, spec=self.spec, status=status)  # type: ignore[arg-type]
         match action:
             case PrepareRouting():
                 router.prepare()

@@ -68,6 +68,8 @@ class World:
     deleting: bool = False
     extra_candidates: tuple[Workload, ...] = ()
     plans: list[Plan] = field(default_factory=list)
+    #: The status of the plan being applied (adapters act on what the plan records).
+    acting: GreyReleaseStatus | None = None
 
     def observed(self) -> Observed:
         candidates = ((self.stable,) if self.stable else ()) + self.extra_candidates
@@ -83,6 +85,7 @@ class World:
 
     def step(self) -> Plan:
         plan = decide(self.spec, self.status, self.observed(), self.now)
+        self.acting = plan.status
         for action in plan.actions:
             self.apply(action)
         self.status = plan.status

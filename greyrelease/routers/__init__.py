@@ -17,11 +17,10 @@ Every call is idempotent: it builds the desired state, compares, and writes only
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
-from ..api import TRACK_LABEL, GreyReleaseSpec, GreyReleaseStatus
-from ..kubeclient import KubeClient, path
+from ..api import GreyReleaseSpec, GreyReleaseStatus
+from ..kubeclient import KubeClient
 
 
 class Router(Protocol):
@@ -56,7 +55,10 @@ def router_for(
     if routing.service is not None:
         return ServiceRouter(kube, namespace=namespace, service=routing.service.name, status=status)
     owner = owner_reference(release)
-    stable_hash = stable_hash_of(kube, namespace=namespace, spec=spec, status=status)
+    recorded_hash = status.stable_pod_template_hash
+
+    def stable_hash() -> str:
+        return recorded_hash
     if routing.nginx is not None:
         return NginxRouter(
             kube,
@@ -70,33 +72,3 @@ def router_for(
     return GatewayRouter(
         kube, namespace=namespace, routing=routing.gateway_api, owner=owner, stable_hash=stable_hash
     )
-
-
-def stable_hash_of(
-    kube: KubeClient, *, namespace: str, spec: GreyReleaseSpec, status: GreyReleaseStatus
-) -> Callable[[], str]:
-    """The stable ReplicaSet's ``pod-template-hash``, looked up only when asked and not yet recorded.
-
-    The first pass of a release records the hash in the same plan that prepares the routing, and the
-    router of that pass was built from the status read before it; so ``prepare()`` finds the hash the
-    way the reconciler's observation did (the target Deployment's current ReplicaSet).
-    """
-    from ..workload import current_template_hash
-
-    def resolve() -> str:
-        if status.stable_pod_template_hash:
-            return status.stable_pod_template_hash
-        deployments = path("apps", "v1", "deployments", namespace)
-        if spec.target_ref is not None:
-            found = kube.get(f"{deployments}/{spec.target_ref.name}")
-            targets = [found] if found is not None else []
-        else:
-            targets = kube.list(deployments, label_selector=f"app={spec.app_name},!{TRACK_LABEL}")
-        if len(targets) != 1:
-            return ""
-        labels = targets[0].get("spec", {}).get("selector", {}).get("matchLabels") or {}
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None
-        replicasets = kube.list(path("apps", "v1", "replicasets", namespace), label_selector=selector)
-        return current_template_hash(targets[0], replicasets)
-
-    return resolve

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,16 @@ def test_killing_the_leader_hands_over_and_the_release_completes_once(
     cluster: Cluster, crd: Path, namespace: str, tmp_path: Path
 ) -> None:
     a = Controller(cluster, namespace, tmp_path / "a.log")
-    b = Controller(cluster, namespace, tmp_path / "b.log")
+    b_health = free_port()
+    b = Controller(cluster, namespace, tmp_path / "b.log", extra_args=["--health-port", str(b_health)])
     a.start()
     try:
         wait_for(lambda: "leading as" in a.logs(), 30, "controller a leading")
         b.start()
         wait_for(lambda: "waiting for the lease" in b.logs(), 30, "controller b waiting")
+        # A standby is healthy: the kubelet must not restart it for waiting.
+        with urllib.request.urlopen(f"http://127.0.0.1:{b_health}/healthz", timeout=5) as resp:
+            assert resp.status == 200 and b"standby" in resp.read()
         deploy_app(cluster, namespace, replicas=6)
         batches = [{"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6, "pause": "3s"}, {"replicas": 6}]
         apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches,

@@ -141,7 +141,8 @@ def test_the_manager_deployment_is_locked_down() -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
-    assert container["args"] == ["--health-port=8080", "--leader-election-namespace=$(POD_NAMESPACE)"]
+    assert container["args"] == ["--health-port=8080", "--metrics-port=8090", "--leader-election-namespace=$(POD_NAMESPACE)"]
+    assert {"name": "metrics", "containerPort": 8090, "protocol": "TCP"} in container["ports"]
     assert container["env"] == [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
 
 

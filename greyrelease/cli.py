@@ -129,33 +129,40 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    import os
+
     import kopf
 
     from . import operator  # noqa: F401 - registers the handlers
+    from .health import serve as serve_health
     from .kubeclient import KubeClient
     from .leader import Lease, keep, lead
 
     namespaces = args.namespace or []
+    state = {"role": "starting"}
+    health = await serve_health(args.health_port, state=state) if args.health_port else None
     lease = None
     lost = asyncio.Event()
     if args.leader_elect:
-        lease_ns = args.leader_election_namespace or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
+        lease_ns = (
+            args.leader_election_namespace
+            or os.environ.get("POD_NAMESPACE")
+            or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
+        )
         lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
+        state["role"] = "standby"
         await lead(lease)
         keeper = asyncio.create_task(keep(lease, lost))
+    state["role"] = "leader"
     try:
-        await kopf.operator(
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            standalone=True,
-            stop_flag=lost,
-            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
-        )
+        await kopf.operator(clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=lost)
     finally:
         if lease is not None:
             keeper.cancel()
             if not lost.is_set():
                 await asyncio.to_thread(lease.release)
+        if health is not None:
+            await health.cleanup()
     return 1 if lost.is_set() else 0
 
 
@@ -175,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     run.add_argument(
         "--leader-election-namespace",
-        help="namespace of the Lease (default: the one watched namespace, else greyrelease-system)",
+        help="namespace of the Lease (default: $POD_NAMESPACE, else the one watched namespace, "
+        "else greyrelease-system)",
     )
     run.add_argument("--lease-seconds", type=int, default=10, help="lease duration (failover bound)")
     run.add_argument("-v", "--verbose", action="store_true")

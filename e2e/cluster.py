@@ -546,12 +546,60 @@ class LocalCluster(Cluster):
             "--allow-privileged=true",
             "--profiling=false",
             "--event-ttl=1h",
+            # Writes only, with the request body (e2e/reliability.py counts the controller's writes by
+            # user agent); see write_audit_policy() for what is left out.
+            f"--audit-policy-file={write_audit_policy(self.workdir / 'audit-policy.yaml')}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=1",
             "--v=0",
         ], ports=("apiserver",))  # fmt: skip
+        self._wait_apiserver_ready(proc, deadline)
+
+    def _wait_apiserver_ready(self, proc: Process, deadline: float) -> None:
         ctx = self._admin_ctx
+        assert ctx is not None
         self._wait_healthy(
             proc, lambda: _https_get(f"{self.server}/readyz", ctx)[0] == 200, deadline
         )
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: one JSON audit Event per line (see write_audit_policy())."""
+        return self.workdir / "logs" / "audit.log"
+
+    def _process(self, name: str) -> Process:
+        for proc in self.processes:
+            if proc.name == name:
+                return proc
+        raise KeyError(name)
+
+    def stop_apiserver(self, graceful: bool = False) -> None:
+        """Stops kube-apiserver alone; etcd and the rest keep running. By default with SIGKILL, as a crash
+        would (a graceful SIGTERM shutdown takes over 10 s here, with every connection refused at once)."""
+        proc = self._process("kube-apiserver")
+        if graceful:
+            proc.stop()
+        elif proc.popen is not None and proc.popen.poll() is None:
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+            proc.popen.wait(10)
+
+    def start_apiserver(self, timeout: float = 60.0) -> float:
+        """Starts kube-apiserver again with the same arguments (port, certificates, etcd, audit log) and
+        returns time.monotonic() at the moment /readyz first answered 200."""
+        proc = self._process("kube-apiserver")
+        if not proc.alive():
+            proc.start()
+        self._wait_apiserver_ready(proc, time.monotonic() + timeout)
+        return time.monotonic()
+
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0, graceful: bool = False) -> float:
+        """Stops kube-apiserver, keeps it down for `down_seconds`, starts it again; returns
+        time.monotonic() when it is ready again. Clients see refused connections meanwhile."""
+        self.stop_apiserver(graceful)
+        time.sleep(down_seconds)
+        return self.start_apiserver(timeout)
 
     def _component_kubeconfig(self, name: str) -> str:
         return str(self.workdir / f"{name}.kubeconfig")
@@ -696,6 +744,29 @@ class LocalCluster(Cluster):
         except TimeoutError as exc:
             logs = "\n".join(f"--- {p.name}\n{p.tail(10)}" for p in self.processes)
             raise TimeoutError(f"{exc}; still waiting for: {', '.join(pending)}\n{logs}") from None
+
+
+AUDIT_QUIET_USERS = ("kwok-controller", "system:kube-scheduler", "system:kube-controller-manager")
+
+
+def write_audit_policy(path: Path) -> Path:
+    """An audit policy for the local API server: every write (create, update, patch, delete) with its
+    request body, except those of the simulated kubelets (KWOK), the scheduler and the controller-manager's
+    controllers, which are many and never what a test asks about. Reads are not logged."""
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {"level": "None", "users": list(AUDIT_QUIET_USERS)},
+            {"level": "None", "userGroups": ["system:serviceaccounts:kube-system", "system:nodes"]},
+            {"level": "None", "verbs": ["get", "list", "watch"]},
+            {"level": "None", "nonResourceURLs": ["/*"]},
+            {"level": "Request", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        ],
+    }
+    path.write_text(json.dumps(policy, indent=2))  # JSON is YAML
+    return path
 
 
 OWNER_FILE = "owner.pid"

@@ -34,7 +34,9 @@ log = logging.getLogger("greyrelease")
 
 #: A release with nothing scheduled still looks again this often (reads only, no writes when idle).
 IDLE_RESYNC = 300.0
-ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: Waits after a failed pass. Capped at 10 s: after an API server outage the release resumes within 10 s
+#: of the API server being back (a refused connection costs nothing to retry).
+ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0)
 
 Key = tuple[str, str]
 
@@ -166,8 +168,13 @@ def _fingerprint(body: kopf.Body) -> Any:
     return (meta.get("generation"), tuple(sorted(ours.items())), meta.get("deletionTimestamp"))
 
 
+# The two event handlers below are coroutines on purpose: kopf runs plain functions in a thread pool, and
+# an asyncio.Event set from another thread does not wake the loop that waits on it (the daemon would
+# sleep on until something else woke its loop, e.g. its own timeout).
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def release_changed(body: kopf.Body, name: str, namespace: str, type: str, **_: Any) -> None:
+async def release_changed(body: kopf.Body, name: str, namespace: str, type: str, **_: Any) -> None:
     """Wake the release's daemon when its spec or annotations change (not on our own status writes)."""
     key = (namespace, name)
     if type == "DELETED":
@@ -180,7 +187,7 @@ def release_changed(body: kopf.Body, name: str, namespace: str, type: str, **_: 
 
 
 @kopf.on.event("apps", "v1", "deployments")
-def deployment_changed(name: str, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+async def deployment_changed(name: str, namespace: str, labels: kopf.Labels, **_: Any) -> None:
     """Wake the releases that watch this Deployment (its readiness may have changed)."""
     for key in list(REGISTRY.by_deployment.get((namespace, name), ())):
         REGISTRY.poke(key)

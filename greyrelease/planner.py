@@ -441,10 +441,33 @@ def _progress(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
         return
 
     b.set(total_batches=len(steps), current_batch=k)
-    if st.batch_ready_at is None:
+    if st.batch_ready_at is not None and (observed.canary is None or observed.canary.deleting):
+        _canary_lost(b, steps, step)
+    if b.status.batch_ready_at is None:
         _scale_batch(b, spec, observed, target, steps, step, image)
         return
     _hold_batch(b, spec, observed, steps, step)
+
+
+def _canary_lost(b: _Builder, steps: list[Step], step: Step) -> None:
+    """The canary of a live batch was deleted (by someone else): the batch is not ready any more.
+
+    Traffic goes back to what it was before this batch, and the batch is grown again at once (the stable
+    keeps the previous batch's size meanwhile, see :func:`_scale_batch`) rather than at the next batch, so
+    the app never runs short of pods while a pause runs. Once the new canary is ready the batch goes live
+    again with a full pause and a fresh gate; its history record is the same one.
+    """
+    k, n = step.number, len(steps)
+    before = steps[k - 2] if k > 1 else None
+    b.act(SetWeight(before.weight if before else 0, before.header_match if before else None))
+    b.set(
+        batch_started_at=fmt_time(b.now),
+        batch_ready_at=None,
+        next_check_at=None,
+        canary_weight=before.weight if before else 0,
+        metrics=[m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0}) for m in b.status.metrics],
+    )
+    b.event(R.CANARY_LOST, f"batch {k}/{n}: the canary Deployment was deleted; recreating it", warning=True)
 
 
 def _scale_batch(

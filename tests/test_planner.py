@@ -495,15 +495,42 @@ def test_target_deleted_mid_release_fails_and_removes_the_canary() -> None:
     assert "is gone" in w.status.message
 
 
-def test_canary_deleted_mid_release_is_recreated() -> None:
-    w = started(World(spec(pause="60s")))
+def test_canary_deleted_mid_release_is_recreated_at_once_not_at_the_next_batch() -> None:
+    w = started(World(spec(pause="60s", trafficRouting=SERVICE)))
     hold(w)
+    w.advance(30)  # half way through batch 1's pause
     w.canary = None
-    w.advance(61)
-    w.step()  # advances to batch 2
     plan = w.step()
+    # Traffic back to before the batch, the canary asked for again, the stable back to full size until
+    # the new canary is ready; batch 1 is not live any more.
+    assert plan.actions[0] == SetWeight(0)
+    assert EnsureCanary(replicas=2, image="app:v2", version="v2") in plan.actions
+    assert ScaleStable(10) in plan.actions
+    st = plan.status
+    assert (st.phase, st.current_batch, st.batch_ready_at, st.canary_weight) == ("Progressing", 1, None, 0)
+    assert R.CANARY_LOST in [e.reason for e in plan.events]
+    plan = w.step()  # ready again: live with a full pause, the same history record
+    assert plan.status.batch_ready_at is not None and plan.status.current_batch == 1
+    assert plan.status.next_check_at == "2026-01-01T12:01:30.000Z"
+    assert [h.batch for h in plan.status.history] == [1]
+    assert w.canary is not None and w.stable is not None and w.stable.replicas == 8
+    w.run(until={"Succeeded"})
+    assert [h.batch for h in w.status.history] == [1, 2, 3, 4, 5]
+
+
+def test_canary_deleted_in_batch_two_goes_back_to_batch_one_weight() -> None:
+    w = started(World(spec(pause="60s", trafficRouting=NGINX)))
+    hold(w)
+    w.advance(61)
+    w.step()
+    hold(w)
+    assert w.status.current_batch == 2 and w.weight == 40
+    w.canary = None
+    plan = w.step()
+    assert plan.actions[0] == SetWeight(20) and plan.status.canary_weight == 20
     assert EnsureCanary(replicas=4, image="app:v2", version="v2") in plan.actions
-    assert w.canary is not None
+    hold(w)
+    assert w.weight == 40 and w.status.current_batch == 2
 
 
 # --- deletion ---------------------------------------------------------------------------------------

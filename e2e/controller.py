@@ -87,6 +87,8 @@ def controller(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> I
         yield ctl
     finally:
         ctl.stop()
+        # pytest shows a test's captured output only when it fails: then the controller's log helps.
+        print(f"--- controller log (last lines) ---\n{ctl.logs()}")
         # The releases go with the namespace; their finalizer needs the controller, so drop them first.
         cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
         for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():

@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 
 from . import metrics
-from .api import ANNOTATION_PREFIX, GROUP, PLURAL, RELEASE_LABEL, VERSION
+from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
 from .kubeclient import KubeClient
 from .reconciler import Outcome, Reconciler
 
@@ -179,6 +179,7 @@ async def release_changed(body: kopf.Body, name: str, namespace: str, type: str,
     key = (namespace, name)
     if type == "DELETED":
         REGISTRY.forget(key)
+        reconciler().forget(namespace, name)
         return
     fingerprint = _fingerprint(body)
     if REGISTRY.last_seen.get(key) != fingerprint:
@@ -187,19 +188,20 @@ async def release_changed(body: kopf.Body, name: str, namespace: str, type: str,
 
 
 @kopf.on.event("apps", "v1", "deployments")
-async def deployment_changed(name: str, namespace: str, labels: kopf.Labels, **_: Any) -> None:
-    """Wake the releases that watch this Deployment (its readiness may have changed)."""
+async def deployment_changed(name: str, namespace: str, **_: Any) -> None:
+    """Wake the releases waiting on this Deployment (its readiness may have changed)."""
     for key in list(REGISTRY.by_deployment.get((namespace, name), ())):
         REGISTRY.poke(key)
-    owner = labels.get(RELEASE_LABEL)
-    if owner:
-        REGISTRY.poke((namespace, owner))
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def release_deleted(name: str, namespace: str, body: kopf.Body, **_: Any) -> None:
+@kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)
+async def release_deleted(name: str, namespace: str, body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     """Put the app back as it was before the release began, then let the object go."""
-    outcome = await _reconcile_once(namespace, name, body)
+    try:
+        outcome = await _reconcile_once(namespace, name, body)
+    except Exception as err:  # noqa: BLE001 - a failed pass (e.g. a write conflict) is retried at once
+        logger.warning(f"cleanup pass failed ({err}); retrying")
+        raise kopf.TemporaryError(f"cleanup pass failed: {err}", delay=1) from err
     if outcome is not None and not outcome.plan.done:
         raise kopf.TemporaryError("restoring the stable Deployment and removing the canary", delay=1)
     REGISTRY.forget((namespace, name))

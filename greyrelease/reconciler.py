@@ -9,6 +9,7 @@ The status is written only when it differs, so an idle release costs reads, neve
 from __future__ import annotations
 
 import base64
+import threading
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -90,6 +91,8 @@ class _World:
 class Reconciler:
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
         self._prometheus: dict[tuple[str, str | None, str, bool], Prometheus] = {}
 
     # --- metrics ----------------------------------------------------------------------------------
@@ -243,7 +246,24 @@ class Reconciler:
     # --- the whole pass ---------------------------------------------------------------------------
 
     def reconcile(self, namespace: str, name: str, *, now: datetime | None = None) -> Outcome | None:
-        """Observe, plan, act, record. None when the GreyRelease is gone."""
+        """Observe, plan, act, record. None when the GreyRelease is gone.
+
+        Passes over one release never overlap: a pass already running (say, in a daemon that kopf is
+        stopping because the object is being deleted) finishes before the next one starts, so two
+        passes never race on the same objects.
+        """
+        with self._lock_for((namespace, name)):
+            return self._reconcile(namespace, name, now=now)
+
+    def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
+
+    def _reconcile(self, namespace: str, name: str, *, now: datetime | None = None) -> Outcome | None:
         release = self.kube.get(release_path(namespace, name))
         if release is None:
             return None
@@ -265,9 +285,21 @@ class Reconciler:
             self._apply(action, world)
         if not observed.deleting:
             self.write_status(release, plan.status)
-        watched = tuple(n for n in (world.target and world.target["metadata"]["name"], plan.status.target_name) if n)
-        watched += tuple(canary_name(n) for n in watched)
-        return Outcome(plan=plan, watched=watched)
+        return Outcome(plan=plan, watched=self._watched(plan, world))
+
+    @staticmethod
+    def _watched(plan: Plan, world: _World) -> tuple[str, ...]:
+        """The Deployments whose changes should wake this release: only while it waits for them to
+        converge. A batch on hold waits for a timer or an annotation, and a finished release for a new
+        spec; waking those on every pod becoming ready would cost a pass each for nothing."""
+        st = plan.status
+        converging = st.phase in ("Initializing", "Promoting", "RollingBack") or (
+            st.phase == "Progressing" and st.batch_ready_at is None
+        )
+        if not converging and not plan.done:
+            return ()
+        names = {n for n in (world.target and world.target["metadata"]["name"], st.target_name) if n}
+        return tuple(sorted(names | {canary_name(n) for n in names}))
 
     def _invalid_spec(self, release: Obj, status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Outcome:
         """A spec the API server let through but the models refuse (e.g. an older CRD): mark it."""

@@ -107,17 +107,11 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     reconciler()
 
 
-def _post(body: Any, outcome: Outcome) -> None:
-    for ev in outcome.plan.events:
-        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
-
-
 async def _reconcile_once(namespace: str, name: str, body: Any) -> Outcome | None:
     with metrics.RECONCILE.time():
         outcome = await asyncio.to_thread(reconciler().reconcile, namespace, name)
     metrics.record((namespace, name), outcome.plan if outcome else None)
-    if outcome is not None:
-        _post(body, outcome)
+    # The plan's Events were posted by the reconciler, before its status write (exactly once).
     return outcome
 
 

@@ -9,6 +9,9 @@ The status is written only when it differs, so an idle release costs reads, neve
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
+import logging
 import threading
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -35,6 +38,7 @@ from .analysis import Check, Sample, due, render_query
 from .api import (
     ANNOTATION_PREFIX,
     GROUP,
+    KIND,
     PLURAL,
     TRACK_LABEL,
     VERSION,
@@ -43,7 +47,7 @@ from .api import (
     GreyReleaseStatus,
     parse_duration,
 )
-from .kubeclient import MERGE, STRATEGIC, KubeClient, path
+from .kubeclient import MERGE, STRATEGIC, ApiError, Conflict, KubeClient, path
 from .planner import Observed, decide, fmt_time, parse_time
 from .prometheus import Prometheus
 from .routers import Router, router_for
@@ -58,6 +62,7 @@ from .workload import (
 )
 
 Obj = dict[str, Any]
+log = logging.getLogger("greyrelease")
 
 
 def release_path(namespace: str, name: str, sub: str | None = None) -> str:
@@ -233,6 +238,45 @@ class Reconciler:
             case _:
                 raise TypeError(f"unknown action {action!r}")
 
+    def post_events(self, release: Obj, events: tuple[Event, ...], now: datetime) -> None:
+        """Post a plan's Events after its actions and before its status: exactly once per transition.
+
+        Each Event is named after the state it was planned from (the release's uid, generation, our
+        annotations and status as read) and its place in the plan. A controller killed before the status
+        write plans the same transition from the same state again and posts the same names, which the API
+        server refuses (409): nothing is lost (as with Events posted after the status write) and nothing
+        is posted twice. An Event the API server refuses for another reason is logged and skipped.
+        """
+        if not events:
+            return
+        meta = release["metadata"]
+        ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+        state = json.dumps([meta.get("uid"), meta.get("generation"), ours, release.get("status") or {}], sort_keys=True)
+        stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for i, ev in enumerate(events):
+            digest = hashlib.sha256(f"{state}|{i}|{ev.reason}|{ev.message}".encode()).hexdigest()[:16]
+            body = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name'][:200]}.{digest}", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
+                                   "namespace": meta["namespace"], "uid": meta.get("uid", "")},  # fmt: skip
+                "type": ev.type,
+                "reason": ev.reason,
+                "message": ev.message[:1024],
+                "source": {"component": "greyrelease"},
+                "reportingComponent": "greyrelease",
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "count": 1,
+            }
+            try:
+                self.kube.create(path("", "v1", "events", meta["namespace"]), body)
+            except Conflict:
+                pass  # posted by the pass that planned the same transition and died before its status write
+            except ApiError as err:
+                log.warning(f"event {ev.reason} not posted: {err}")
+
     def write_status(self, release: Obj, status: GreyReleaseStatus) -> bool:
         """Write ``status`` when it differs from what the object has; True when written."""
         new = status.model_dump(by_alias=True, mode="json")
@@ -283,6 +327,7 @@ class Reconciler:
             world.router = router_for(self.kube, namespace=release["metadata"]["namespace"], release=release, spec=spec, status=plan.status)
         for action in plan.actions:
             self._apply(action, world)
+        self.post_events(release, plan.events, now)
         if not observed.deleting:
             self.write_status(release, plan.status)
         return Outcome(plan=plan, watched=self._watched(plan, world))
@@ -310,5 +355,6 @@ class Reconciler:
         if status.phase != "InvalidSpec":
             new = new.model_copy(update={"phase_started_at": fmt_time(now)})
         plan = Plan(status=new, events=(Event("Warning", R.INVALID_SPEC, message),) if status.message != message else ())
+        self.post_events(release, plan.events, now)
         self.write_status(release, new)
         return Outcome(plan=plan)

@@ -65,6 +65,15 @@ Obj = dict[str, Any]
 log = logging.getLogger("greyrelease")
 
 
+def _stored(value: Any) -> Any:
+    """``value`` without its null fields, at any depth (how the API server stores a status)."""
+    if isinstance(value, dict):
+        return {k: _stored(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_stored(v) for v in value]
+    return value
+
+
 def release_path(namespace: str, name: str, sub: str | None = None) -> str:
     return path(GROUP, VERSION, PLURAL, namespace, name, sub)
 
@@ -281,7 +290,9 @@ class Reconciler:
         """Write ``status`` when it differs from what the object has; True when written."""
         new = status.model_dump(by_alias=True, mode="json")
         old = release.get("status") or {}
-        if all(old.get(k) == v for k, v in new.items()):
+        # Compared as stored: the API server keeps no null field (a merge patch's null removes the key,
+        # and the CRD's schema drops a null in a list item), so a null in the model is a missing key.
+        if all(_stored(old.get(k)) == _stored(v) for k, v in new.items()):
             return False
         meta = release["metadata"]
         self.kube.patch(release_path(meta["namespace"], meta["name"], "status"), {"status": new}, patch_type=MERGE)

@@ -7,7 +7,8 @@ from typing import Any
 
 from greyrelease.actions import Event
 from greyrelease.kubeclient import ApiError, Conflict
-from greyrelease.reconciler import Reconciler
+from greyrelease.api import GreyReleaseStatus
+from greyrelease.reconciler import Reconciler, _stored
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -61,3 +62,31 @@ def test_the_same_event_from_another_state_is_posted_again() -> None:
 def test_an_event_the_api_server_refuses_does_not_stop_the_pass() -> None:
     r = Reconciler(EventSink(fail=403))  # type: ignore[arg-type]
     r.post_events(release({}), READY, NOW)
+
+
+# --- the status is written only when it changes ---------------------------------------------------
+
+
+class StatusSink:
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+
+    def patch(self, p: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.patches.append(body)
+        return body
+
+
+def test_a_status_with_null_fields_equal_to_the_stored_one_is_not_written_again() -> None:
+    status = GreyReleaseStatus.model_validate({
+        "phase": "Paused", "currentBatch": 1, "totalBatches": 2, "restore": {"replicas": 2, "image": "app:v1"},
+        "history": [{"batch": 1, "startedAt": "2026-01-01T12:00:00.000Z"}],
+    })  # fmt: skip
+    sink = StatusSink()
+    r = Reconciler(sink)  # type: ignore[arg-type]
+    assert r.write_status(release({}), status)
+    # What the API server keeps of that patch: no null anywhere (history[0].finishedAt, ...).
+    stored = _stored(sink.patches[0]["status"])
+    assert "finishedAt" not in stored["history"][0]
+    assert not r.write_status(release(stored), status)
+    assert r.write_status(release(stored), status.model_copy(update={"phase": "Progressing"}))
+    assert len(sink.patches) == 2

@@ -36,7 +36,11 @@ from .actions import (
 )
 from .analysis import Check, Sample, due, render_query
 from .api import (
+    ABORT_ANNOTATION,
     ANNOTATION_PREFIX,
+    PAUSE_ANNOTATION,
+    PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
     GROUP,
     KIND,
     PLURAL,
@@ -63,6 +67,9 @@ from .workload import (
 
 Obj = dict[str, Any]
 log = logging.getLogger("greyrelease")
+
+
+USER_ANNOTATIONS = (ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION)
 
 
 def _stored(value: Any) -> Any:
@@ -259,7 +266,9 @@ class Reconciler:
         if not events:
             return
         meta = release["metadata"]
-        ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+        # The user's annotations only: kopf's own (its finalizer bookkeeping, last-handled-configuration)
+        # may be written between a pass and its repetition and must not make the names differ.
+        ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k in USER_ANNOTATIONS}
         state = json.dumps([meta.get("uid"), meta.get("generation"), ours, release.get("status") or {}], sort_keys=True)
         stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         for i, ev in enumerate(events):

@@ -50,6 +50,14 @@ def test_a_transition_planned_again_from_the_same_state_posts_nothing_new() -> N
     assert ev["involvedObject"]["uid"] == "u1" and ev["metadata"]["namespace"] == "shop"
 
 
+def test_kopfs_own_annotations_written_in_between_do_not_change_the_names() -> None:
+    sink = EventSink()
+    r = Reconciler(sink)  # type: ignore[arg-type]
+    r.post_events(release({}), READY, NOW)
+    r.post_events(release({}, **{"greyrelease.io/last-handled-configuration": "{}"}), READY, NOW)
+    assert len(sink.events) == 1
+
+
 def test_the_same_event_from_another_state_is_posted_again() -> None:
     sink = EventSink()
     r = Reconciler(sink)  # type: ignore[arg-type]

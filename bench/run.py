@@ -42,6 +42,7 @@ from greyrelease.kubeclient import KubeClient, path
 from greyrelease.planner import parse_time
 
 ROOT = Path(__file__).resolve().parent.parent
+PROFILE = os.environ.get("GREYRELEASE_BENCH_PROFILE") == "1"
 RESOURCES = {"greyreleases", "deployments", "replicasets", "services", "events"}
 # Resources only the controller writes (the Deployment controller writes Deployments' status, which is
 # not counted; ReplicaSets and Events are written by the rest of the control plane too).
@@ -211,6 +212,14 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     stats = ProcStats(proc.pid)
+    spy = None
+    if PROFILE:
+        # Sampled from outside the process: what the controller spends its CPU on (collapsed stacks).
+        spy = subprocess.Popen(
+            ["py-spy", "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "50",
+             "--output", str(workdir / f"profile-{n}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
     try:
         time.sleep(5)  # the controller lists and watches before the clock starts
         cpu0 = stats.cpu()
@@ -291,6 +300,10 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         }
     finally:
         stats.stop()
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(30)
+            print(top_functions(workdir / f"profile-{n}.txt"))
         proc.terminate()
         try:
             proc.wait(30)
@@ -299,6 +312,23 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         for g in kube.list(gr_path):
             kube.patch(f"{gr_path}/{g['metadata']['name']}", {"metadata": {"finalizers": None}})
         kube.delete(path("", "v1", "namespaces", name=ns))
+
+
+def top_functions(collapsed: Path, limit: int = 15) -> str:
+    """The functions where the controller spent most samples (inclusive), from py-spy's raw output."""
+    totals: Counter[str] = Counter()
+    samples = 0
+    if not collapsed.exists():
+        return "no profile"
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        samples += n
+        for frame in set(stack.split(";")):
+            if "greyrelease" in frame or "kopf" in frame or "json" in frame or "pydantic" in frame or "urllib3" in frame:
+                totals[frame] += n
+    rows = [f"{100 * v / max(samples, 1):5.1f}%  {k}" for k, v in totals.most_common(limit)]
+    return f"{samples} samples\n" + "\n".join(rows)
 
 
 def report(results: list[dict[str, Any]], command: str, out: Path) -> None:

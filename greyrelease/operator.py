@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from typing import Any
 
@@ -37,6 +38,7 @@ IDLE_RESYNC = 300.0
 #: Waits after a failed pass. Capped at 10 s: after an API server outage the release resumes within 10 s
 #: of the API server being back (a refused connection costs nothing to retry).
 ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0)
+RECONCILE_THREADS = 64
 
 Key = tuple[str, str]
 
@@ -104,6 +106,11 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.reporting_component = "greyrelease"
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
+    # A pass mostly waits on the API server; asyncio's default pool (CPU count + 4 threads) would queue
+    # hundreds of releases (and their aborts) behind a handful of requests in flight.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile")
+    )
     reconciler()
 
 

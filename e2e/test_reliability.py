@@ -306,7 +306,9 @@ def test_api_server_restart_mid_release(
         FIGURES[f"apiserver_outage_{outage:.0f}s_resumed_after_s"] = round(latency, 2)
         assert latency <= 15, f"the release moved on {latency:.1f}s after the API server was back"
         assert controller.proc is not None and controller.proc.poll() is None, "the controller exited"
-        st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=90)
+        # The rest also waits for the controller-manager and KWOK, whose watches reconnect with their own
+        # backoff (up to a minute after a long outage).
+        st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=180)
         assert st["phase"] == "Succeeded", (st, controller.logs())
         assert [h["batch"] for h in st["history"]] == [1, 2, 3, 4]
         assert batch_ready_counts(release_events(cluster, namespace).get("web", {})) == {1: 1, 2: 1, 3: 1, 4: 1}

@@ -134,18 +134,30 @@ class Batch(_Camel):
 
 
 class ServiceRouting(_Camel):
-    name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
+    name: str = Field(
+        min_length=1, max_length=63, pattern=NAME_PATTERN, description="The Service that selects both tracks."
+    )
 
 
 class NginxRouting(_Camel):
-    ingress: str = Field(min_length=1, max_length=246, pattern=NAME_PATTERN)
-    stable_service: str = Field(min_length=1, max_length=56, pattern=NAME_PATTERN)
-    annotation_prefix: str = Field("nginx.ingress.kubernetes.io", min_length=1, max_length=200)
+    ingress: str = Field(
+        min_length=1, max_length=246, pattern=NAME_PATTERN, description="The user's Ingress (copied to <ingress>-canary)."
+    )
+    stable_service: str = Field(
+        min_length=1, max_length=56, pattern=NAME_PATTERN, description="The Service the Ingress routes to."
+    )
+    annotation_prefix: str = Field(
+        "nginx.ingress.kubernetes.io", min_length=1, max_length=200, description="The ingress-nginx annotation prefix."
+    )
 
 
 class GatewayRouting(_Camel):
-    http_route: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
-    stable_service: str = Field(min_length=1, max_length=56, pattern=NAME_PATTERN)
+    http_route: str = Field(
+        min_length=1, max_length=253, pattern=NAME_PATTERN, description="The user's HTTPRoute (weights set on it)."
+    )
+    stable_service: str = Field(
+        min_length=1, max_length=56, pattern=NAME_PATTERN, description="The backend Service of the stable track."
+    )
 
 
 class TrafficRouting(_Camel):
@@ -164,9 +176,11 @@ class TrafficRouting(_Camel):
             ]
         },
     )
-    service: ServiceRouting | None = None
-    nginx: NginxRouting | None = None
-    gateway_api: GatewayRouting | None = Field(None, alias="gatewayAPI")
+    service: ServiceRouting | None = Field(None, description="Traffic follows the replica ratio of one Service.")
+    nginx: NginxRouting | None = Field(None, description="Weights on an ingress-nginx canary Ingress.")
+    gateway_api: GatewayRouting | None = Field(
+        None, alias="gatewayAPI", description="Weights on the backendRefs of a Gateway API HTTPRoute."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> TrafficRouting:
@@ -176,8 +190,8 @@ class TrafficRouting(_Camel):
 
 
 class ThresholdRange(_Camel):
-    min: float | None = None
-    max: float | None = None
+    min: float | None = Field(None, description="Fail below this.")
+    max: float | None = Field(None, description="Fail above this.")
 
 
 class Compare(_Camel):
@@ -190,37 +204,37 @@ class Compare(_Camel):
 
 
 class Metric(_Camel):
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$", description="Shown in status and Events.")
     query: str = Field(
         min_length=1,
         max_length=4096,
         description="PromQL. Placeholders: {{namespace}}, {{name}}, {{track}}, {{version}}, "
         "{{batch}}, {{app}}.",
     )
-    threshold_range: ThresholdRange | None = None
-    compare: Compare | None = None
-    on_no_data: Literal["fail", "pass", "wait"] = "wait"
-    failure_limit: int = Field(0, ge=0, le=100)
-    consecutive_error_limit: int = Field(4, ge=1, le=100)
-    successes_required: int = Field(1, ge=1, le=100)
+    threshold_range: ThresholdRange | None = Field(None, description="Absolute bounds of a passing value.")
+    compare: Compare | None = Field(None, description="Judge the canary against the stable track.")
+    on_no_data: Literal["fail", "pass", "wait"] = Field("wait", description="The verdict of a check that finds no data.")
+    failure_limit: int = Field(0, ge=0, le=100, description="Failed checks tolerated in a batch.")
+    consecutive_error_limit: int = Field(4, ge=1, le=100, description="Query errors in a row that fail the release.")
+    successes_required: int = Field(1, ge=1, le=100, description="Passing checks a batch needs to move on.")
 
 
 class SecretKeyRef(_Camel):
-    name: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
-    key: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN, description="A Secret in the release's namespace.")
+    key: str = Field(min_length=1, max_length=253, description="The key holding the token.")
 
 
 class Prometheus(_Camel):
-    address: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$")
-    bearer_token_secret: SecretKeyRef | None = None
-    timeout: Duration = "5s"
-    insecure_skip_verify: bool = False
+    address: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$", description="Prometheus' base URL.")
+    bearer_token_secret: SecretKeyRef | None = Field(None, description="Send this token as a Bearer token.")
+    timeout: Duration = Field("5s", description="Per query; failures are retried briefly, then counted as errors.")
+    insecure_skip_verify: bool = Field(False, description="Do not verify Prometheus' TLS certificate.")
 
 
 class Analysis(_Camel):
-    prometheus: Prometheus
-    interval: Duration = "10s"
-    metrics: list[Metric] = Field(min_length=1, max_length=20)
+    prometheus: Prometheus = Field(description="Where the metrics are.")
+    interval: Duration = Field("10s", description="One check of every metric per interval while a batch is live.")
+    metrics: list[Metric] = Field(min_length=1, max_length=20, description="All must pass for a batch to move on.")
 
 
 class GreyReleaseSpec(_Camel):
@@ -268,6 +282,7 @@ class GreyReleaseSpec(_Camel):
     )
     batches: list[Batch] | None = Field(
         None,
+        description="The batches, in order; replicas and weights never decrease.",
         min_length=1,
         max_length=MAX_BATCHES,
         json_schema_extra={
@@ -297,9 +312,11 @@ class GreyReleaseSpec(_Camel):
         description="How traffic reaches the canary. Absent: only replicas move, and an abort "
         "scales the canary away.",
     )
-    analysis: Analysis | None = None
-    progress_deadline_seconds: int = Field(600, ge=1, le=86400)
-    paused: bool = False
+    analysis: Analysis | None = Field(None, description="Prometheus metrics that gate every batch.")
+    progress_deadline_seconds: int = Field(
+        600, ge=1, le=86400, description="A batch whose canary is not ready by then fails the release."
+    )
+    paused: bool = Field(False, description="Hold at the current batch (like the greyrelease.io/pause annotation).")
 
     @model_validator(mode="after")
     def _forms(self) -> GreyReleaseSpec:
@@ -331,69 +348,75 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Aborted", "Failed", "
 
 
 class Condition(_Camel):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str = ""
+    type: str = Field(description="Progressing, Paused, Completed, Healthy or InvalidSpec.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field("", description="The phase that set it.")
+    message: str = Field("", description="The release's message while the condition holds.")
+    last_transition_time: str = Field("", description="When status last changed.")
 
 
 class MetricStatus(_Camel):
-    name: str
-    value: float | None = None
-    stable_value: float | None = None
-    verdict: Literal["Pass", "Fail", "NoData", "Error", "Pending"] = "Pending"
-    message: str = ""
-    checked_at: str | None = None
-    successes: int = 0
-    failures: int = 0
-    consecutive_errors: int = 0
+    name: str = Field(description="The metric's name from spec.analysis.metrics.")
+    value: float | None = Field(None, description="The canary's last value.")
+    stable_value: float | None = Field(None, description="The stable track's last value (compare only).")
+    verdict: Literal["Pass", "Fail", "NoData", "Error", "Pending"] = Field("Pending", description="Of the last check.")
+    message: str = Field("", description="Why the last check had its verdict.")
+    checked_at: str | None = Field(None, description="When the last check ran.")
+    successes: int = Field(0, description="Passing checks in this batch.")
+    failures: int = Field(0, description="Failed checks in this batch.")
+    consecutive_errors: int = Field(0, description="Query errors in a row.")
 
 
 class BatchRecord(_Camel):
-    batch: int
-    canary_replicas: int = 0
-    weight: int = 0
-    started_at: str | None = None
+    batch: int = Field(description="The batch number, from 1.")
+    canary_replicas: int = Field(0, description="Canary replicas of the batch.")
+    weight: int = Field(0, description="Traffic percent of the batch.")
+    started_at: str | None = Field(None, description="When the batch began.")
     ready_at: str | None = Field(None, description="When the canary was ready and the weight set.")
-    finished_at: str | None = None
-    result: str = ""
+    finished_at: str | None = Field(None, description="When the batch ended.")
+    result: str = Field("", description="passed, promoted, or how it ended.")
 
 
 class Restore(_Camel):
     """What the release changed on objects the user owns, to put back exactly."""
 
-    replicas: int | None = None
-    image: str | None = None
+    replicas: int | None = Field(None, description="The stable's spec.replicas before the release.")
+    image: str | None = Field(None, description="The stable container's image before the release.")
 
 
 class GreyReleaseStatus(_Camel):
     model_config = ConfigDict(
         extra="ignore", populate_by_name=True, frozen=True, alias_generator=_camel
     )
-    phase: Phase | None = None
-    message: str = ""
+    phase: Phase | None = Field(None, description="Where the release is (see How a release moves).")
+    message: str = Field("", description="What the release is doing or why it stopped, in words.")
     batch: str = Field("", description="currentBatch/totalBatches, for kubectl get.")
-    current_batch: int = 0
-    total_batches: int = 0
-    canary_weight: int = 0
-    canary_replicas: int = 0
-    stable_replicas: int = 0
-    stable_version: str = ""
-    target_version: str = ""
+    current_batch: int = Field(0, description="The batch in progress, from 1.")
+    total_batches: int = Field(0, description="Batches in the plan.")
+    canary_weight: int = Field(0, description="Percent of traffic set for the canary.")
+    canary_replicas: int = Field(0, description="Canary replicas of the live batch.")
+    stable_replicas: int = Field(0, description="Stable replicas of the live batch.")
+    stable_version: str = Field("", description="The version the stable Deployment runs.")
+    target_version: str = Field("", description="The version being released (spec.targetVersion as seen).")
     target_name: str = Field("", description="The Deployment being released.")
     end_phase: str = Field("", description="While RollingBack: the phase it ends in (Aborted or Failed).")
-    stable_pod_template_hash: str = ""
-    restore: Restore = Field(default_factory=Restore)
-    observed_generation: int = 0
-    phase_started_at: str | None = None
-    batch_started_at: str | None = None
-    batch_ready_at: str | None = None
-    next_check_at: str | None = None
-    last_promotion: str = ""
-    conditions: list[Condition] = Field(default_factory=list)
-    metrics: list[MetricStatus] = Field(default_factory=list)
-    history: list[BatchRecord] = Field(default_factory=list)
+    stable_pod_template_hash: str = Field(
+        "", description="pod-template-hash of the stable ReplicaSet, used to narrow Service selectors."
+    )
+    restore: Restore = Field(
+        default_factory=Restore, description="What the release changed on the user's objects, to put back."
+    )
+    observed_generation: int = Field(0, description="The metadata.generation this status was planned from.")
+    phase_started_at: str | None = Field(None, description="When the current phase began.")
+    batch_started_at: str | None = Field(None, description="When the current batch began (its deadline counts from here).")
+    batch_ready_at: str | None = Field(None, description="When the current batch went live (canary ready, weight set).")
+    next_check_at: str | None = Field(None, description="When the current batch's timed pause ends.")
+    last_promotion: str = Field("", description="The last greyrelease.io/promote consumed, with its batch and time.")
+    conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
+    metrics: list[MetricStatus] = Field(
+        default_factory=list, description="Each metric's last value, verdict and check counts in this batch."
+    )
+    history: list[BatchRecord] = Field(default_factory=list, description="The last batches: when, how big, how they ended.")
 
 
 class GreyRelease(_Camel):

@@ -118,3 +118,9 @@ def test_versions_and_label_values() -> None:
     assert version_of("registry:5000/app:v1") == "v1"
     assert label_value("ghcr.io/acme/web:2.0") == "ghcr.io-acme-web-2.0"
     assert len(label_value("x" * 100)) == 63
+
+
+def test_readme_field_reference_is_current() -> None:
+    from greyrelease.reference import markdown
+
+    assert markdown() in (ROOT / "README.md").read_text(), "README field reference is stale: python -m greyrelease.reference"

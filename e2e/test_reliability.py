@@ -150,7 +150,7 @@ def idle_window(
 
 
 RELEASES = 30
-IN_FLIGHT = 6
+IN_FLIGHT = 5
 
 
 @dataclass
@@ -191,7 +191,7 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
     deploy_apps(cluster, namespace, {p.name: p.replicas for p in plans})
     controller = Controller(cluster, namespace, tmp_path / "controller.log", extra_args=["--no-leader-elect"])
     controller.start()
-    chaos = Chaos(controller, random.Random(seed + 1), up=(0.5, 3.0), down=(0.0, 0.5))
+    chaos = Chaos(controller, random.Random(seed + 1), up=(0.4, 2.5), down=(0.0, 0.5))
     chaos.start()
     try:
         pending = list(plans)

@@ -50,12 +50,14 @@ class Registry:
         self.wake: dict[Key, asyncio.Event] = {}
         self.by_deployment: dict[Key, set[Key]] = defaultdict(set)
         self.watching: dict[Key, tuple[str, ...]] = {}
+        self.waiting: dict[Key, bool] = {}
         self.last_seen: dict[Key, Any] = {}
 
     def event_for(self, key: Key) -> asyncio.Event:
         return self.wake.setdefault(key, asyncio.Event())
 
-    def watch(self, key: Key, deployments: tuple[str, ...]) -> None:
+    def watch(self, key: Key, deployments: tuple[str, ...], *, waiting: bool) -> None:
+        self.waiting[key] = waiting
         if self.watching.get(key) == deployments:
             return
         self.unwatch(key)
@@ -73,6 +75,7 @@ class Registry:
 
     def forget(self, key: Key) -> None:
         self.unwatch(key)
+        self.waiting.pop(key, None)
         self.wake.pop(key, None)
         self.last_seen.pop(key, None)
 
@@ -138,7 +141,7 @@ async def release_daemon(
                 errors = 0
                 if outcome is None:
                     return
-                REGISTRY.watch(key, outcome.watched)
+                REGISTRY.watch(key, outcome.watched, waiting=outcome.waiting)
                 timeout = outcome.plan.requeue_after
             except Exception as err:  # noqa: BLE001 - a failed pass is retried; the error is logged
                 timeout = ERROR_BACKOFF[min(errors, len(ERROR_BACKOFF) - 1)]
@@ -189,10 +192,12 @@ async def release_changed(body: kopf.Body, name: str, namespace: str, type: str,
 
 
 @kopf.on.event("apps", "v1", "deployments")
-async def deployment_changed(name: str, namespace: str, **_: Any) -> None:
-    """Wake the releases waiting on this Deployment (its readiness may have changed)."""
+async def deployment_changed(name: str, namespace: str, type: str, **_: Any) -> None:
+    """Wake the releases waiting on this Deployment (its readiness may have changed), and every release
+    about it when it is deleted."""
     for key in list(REGISTRY.by_deployment.get((namespace, name), ())):
-        REGISTRY.poke(key)
+        if type == "DELETED" or REGISTRY.waiting.get(key):
+            REGISTRY.poke(key)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)

@@ -95,6 +95,7 @@ class Outcome:
 
     plan: Plan
     watched: tuple[str, ...] = ()
+    waiting: bool = False
 
 
 @dataclass
@@ -350,21 +351,24 @@ class Reconciler:
         self.post_events(release, plan.events, now)
         if not observed.deleting:
             self.write_status(release, plan.status)
-        return Outcome(plan=plan, watched=self._watched(plan, world))
+        return Outcome(plan=plan, watched=self._watched(plan, world), waiting=self._waiting(plan))
 
     @staticmethod
     def _watched(plan: Plan, world: _World) -> tuple[str, ...]:
-        """The Deployments whose changes should wake this release: only while it waits for them to
-        converge. A batch on hold waits for a timer or an annotation, and a finished release for a new
-        spec; waking those on every pod becoming ready would cost a pass each for nothing."""
+        """The Deployments this release is about (the target and its canary)."""
+        names = {n for n in (world.target and world.target["metadata"]["name"], plan.status.target_name) if n}
+        return tuple(sorted(names | {canary_name(n) for n in names}))
+
+    @staticmethod
+    def _waiting(plan: Plan) -> bool:
+        """Whether the release waits for its Deployments to converge. Only then does every change of
+        theirs wake it: a batch on hold waits for a timer or an annotation, and a finished release for a
+        new spec; waking those on every pod becoming ready would cost a pass each for nothing. (A
+        Deployment deleted wakes the release in any case.)"""
         st = plan.status
-        converging = st.phase in ("Initializing", "Promoting", "RollingBack") or (
+        return plan.done or st.phase in ("Initializing", "Promoting", "RollingBack") or (
             st.phase == "Progressing" and st.batch_ready_at is None
         )
-        if not converging and not plan.done:
-            return ()
-        names = {n for n in (world.target and world.target["metadata"]["name"], st.target_name) if n}
-        return tuple(sorted(names | {canary_name(n) for n in names}))
 
     def _invalid_spec(self, release: Obj, status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Outcome:
         """A spec the API server let through but the models refuse (e.g. an older CRD): mark it."""

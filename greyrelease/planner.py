@@ -128,6 +128,11 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in TRUTHY
 
 
+def _deadline(b: _Builder, spec: GreyReleaseSpec, since: datetime | None) -> datetime:
+    """``progressDeadlineSeconds`` after ``since`` (or after now, when it is not recorded)."""
+    return (since or b.now) + timedelta(seconds=spec.progress_deadline_seconds)
+
+
 def _weighted(spec: GreyReleaseSpec) -> bool:
     """True when a router sets the weight explicitly (nginx, Gateway API) rather than by replicas."""
     routing = spec.traffic_routing
@@ -493,8 +498,7 @@ def _scale_batch(
     )
     if not ready:
         have = 0 if canary is None or canary.image != image else min(canary.ready, canary.updated)
-        started = parse_time(st.batch_started_at) or b.now
-        deadline = started + timedelta(seconds=spec.progress_deadline_seconds)
+        deadline = _deadline(b, spec, parse_time(st.batch_started_at))
         if b.now >= deadline:
             _roll_back(
                 b, spec, observed, end="Failed", reason=R.PROGRESS_DEADLINE,
@@ -586,8 +590,7 @@ def _hold_batch(
         return
     if gate is not None and not gate.passed:
         # No verdict yet (no data, or too few passing checks): wait, but not past the progress deadline.
-        held_since = next_check or parse_time(st.batch_ready_at) or b.now
-        deadline = held_since + timedelta(seconds=spec.progress_deadline_seconds)
+        deadline = _deadline(b, spec, next_check or parse_time(st.batch_ready_at))
         if b.now >= deadline:
             _roll_back(
                 b, spec, observed, end="Failed", reason=R.ANALYSIS_FAILED,
@@ -675,8 +678,7 @@ def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
         if target.image != image or target.replicas != replicas:
             # The narrowing of the stable Service goes first: the stable's new pods must get traffic.
             b.act(RestoreStableSelector(), SetStableImage(image, replicas))
-        started = parse_time(st.phase_started_at) or b.now
-        deadline = started + timedelta(seconds=spec.progress_deadline_seconds)
+        deadline = _deadline(b, spec, parse_time(st.phase_started_at))
         if b.now >= deadline:
             _roll_back(
                 b, spec, observed, end="Failed", reason=R.PROGRESS_DEADLINE,
@@ -736,8 +738,7 @@ def _rolling_back(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> Non
         if target.image != restore.image or target.replicas != restore.replicas:
             b.act(SetStableImage(restore.image, restore.replicas))
         stable_ready = target.rolled_out(restore.replicas, restore.image)
-    started = parse_time(st.phase_started_at) or b.now
-    deadline = started + timedelta(seconds=spec.progress_deadline_seconds)
+    deadline = _deadline(b, spec, parse_time(st.phase_started_at))
     if not stable_ready and b.now < deadline:
         # Keep the canary's pods until the stable can carry the load again; they get no traffic.
         b.at(min(deadline, b.now + timedelta(seconds=CONVERGE_POLL)))

@@ -89,10 +89,14 @@ def controller(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> I
         ctl.stop()
         # pytest shows a test's captured output only when it fails: then the controller's log helps.
         print(f"--- controller log (last lines) ---\n{ctl.logs()}")
-        # The releases go with the namespace; their finalizer needs the controller, so drop them first.
-        cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
-        for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        drop_releases(cluster, namespace)
+
+
+def drop_releases(cluster: Cluster, namespace: str) -> None:
+    """Delete the namespace's GreyReleases without a controller: their finalizer would hold the namespace."""
+    cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
+    for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
+        cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
 
 
 def app_manifest(name: str = "web", replicas: int = 10, image: str = "registry.example/app:v1") -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from e2e.cluster import Cluster, free_port
 from e2e.controller import (  # noqa: F401 - fixtures
+    drop_releases,
     Controller,
     apply_release,
     crd,
@@ -63,9 +64,7 @@ def test_killing_the_leader_hands_over_and_the_release_completes_once(
     finally:
         a.stop()
         b.stop()
-        cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
-        for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        drop_releases(cluster, namespace)
 
 
 def test_controller_metrics_are_scraped_by_prometheus(
@@ -89,6 +88,4 @@ def test_controller_metrics_are_scraped_by_prometheus(
     finally:
         prometheus.remove_scrape_target(target)
         ctl.stop()
-        cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
-        for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        drop_releases(cluster, namespace)

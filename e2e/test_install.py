@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from e2e.cluster import Cluster, find_kubectl, free_port
-from e2e.controller import ROOT, Controller, apply_release, deploy_app, deployment, events, gr, status, wait_for
+from e2e.controller import ROOT, Controller, apply_release, deploy_app, deployment, drop_releases, events, gr, status, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -106,9 +106,7 @@ def sa_controller(
         yield ctl
     finally:
         ctl.stop()
-        cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
-        for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        drop_releases(cluster, namespace)
 
 
 def test_default_kustomization_passes_a_server_side_dry_run(cluster: Cluster, installed: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from e2e.cluster import Cluster, LocalCluster
 from e2e.controller import (  # noqa: F401 - fixtures
+    drop_releases,
     Controller,
     apply_release,
     crd,
@@ -58,12 +59,6 @@ def local_only(cluster: Cluster, why: str) -> LocalCluster:
     if not isinstance(cluster, LocalCluster):
         pytest.skip(f"{why} needs the local cluster started by the tests; KUBECONFIG points at another one")
     return cluster
-
-
-def drop_releases(cluster: Cluster, namespace: str) -> None:
-    cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
-    for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
-        cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
 
 
 @pytest.fixture

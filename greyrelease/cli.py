@@ -155,7 +155,13 @@ async def _run(args: argparse.Namespace) -> int:
         keeper = asyncio.create_task(keep(lease, lost))
     state["role"] = "leader"
     try:
-        await kopf.operator(clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=lost)
+        await kopf.operator(
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=True,
+            stop_flag=lost,
+            memo=kopf.Memo(namespaces=namespaces),
+        )
     finally:
         if lease is not None:
             keeper.cancel()

@@ -28,7 +28,8 @@ import kopf
 
 from . import metrics
 from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
-from .kubeclient import KubeClient
+from .cache import CachingClient, Reflector, Store, wait_synced
+from .kubeclient import path
 from .reconciler import Outcome, Reconciler
 
 log = logging.getLogger("greyrelease")
@@ -87,16 +88,50 @@ class Registry:
 
 REGISTRY = Registry()
 _state: dict[str, Any] = {}
+#: The GreyReleases as last seen (kopf's watch events and our own writes); what each pass reads.
+RELEASES = Store()
+#: How long the controller waits at startup for its first list of Deployments before it goes on (reads
+#: of Deployments go to the API server until that list is in).
+SYNC_TIMEOUT = 60.0
+
+
+def client() -> CachingClient:
+    if "client" not in _state:
+        kube = CachingClient.from_environment()
+        kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, RELEASES)
+        _state["client"] = kube
+    return _state["client"]
 
 
 def reconciler() -> Reconciler:
     if "reconciler" not in _state:
-        _state["reconciler"] = Reconciler(KubeClient.from_environment())
+        _state["reconciler"] = Reconciler(client())
     return _state["reconciler"]
 
 
+async def watch_deployments(namespaces: list[str]) -> list[Reflector]:
+    """One reflector per watched namespace (one for the cluster when none is named) keeping the
+    Deployments in memory, and waking the releases about each changed Deployment."""
+    loop = asyncio.get_running_loop()
+    kube = client()
+    store = Store()
+
+    def changed(kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        loop.call_soon_threadsafe(deployment_changed, meta.get("namespace", ""), meta.get("name", ""), kind)
+
+    reflectors = [
+        Reflector(kube, path("apps", "v1", "deployments", ns), store, on_change=changed).start()
+        for ns in (namespaces or [None])
+    ]
+    kube.cache("/apis/apps/v1", "deployments", store, ready=lambda: all(r.synced.is_set() for r in reflectors))
+    if not await asyncio.to_thread(wait_synced, reflectors, SYNC_TIMEOUT):
+        log.warning(f"Deployments not listed within {SYNC_TIMEOUT:g}s; reading them from the API server meanwhile")
+    return reflectors
+
+
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Our finalizer and kopf's bookkeeping live under our own prefix.
     settings.persistence.finalizer = "greyrelease.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="greyrelease.io")
@@ -115,6 +150,13 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile")
     )
     reconciler()
+    _state["reflectors"] = await watch_deployments(list(memo.get("namespaces") or []))
+
+
+@kopf.on.cleanup()
+async def stop_watches(**_: Any) -> None:
+    for reflector in _state.pop("reflectors", []):
+        reflector.stop()
 
 
 async def _reconcile_once(namespace: str, name: str, body: Any) -> Outcome | None:
@@ -178,23 +220,27 @@ def _fingerprint(body: kopf.Body) -> Any:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def release_changed(body: kopf.Body, name: str, namespace: str, type: str, **_: Any) -> None:
-    """Wake the release's daemon when its spec or annotations change (not on our own status writes)."""
+async def release_changed(
+    body: kopf.Body, event: dict[str, Any], name: str, namespace: str, type: str, **_: Any
+) -> None:
+    """Keep the release's latest body for its passes, and wake its daemon when its spec or annotations
+    change (not on our own status writes). The body is in the store before the daemon is woken."""
     key = (namespace, name)
     if type == "DELETED":
+        RELEASES.delete(event["object"])
         REGISTRY.forget(key)
         reconciler().forget(namespace, name)
         return
+    RELEASES.fold(event["object"])
     fingerprint = _fingerprint(body)
     if REGISTRY.last_seen.get(key) != fingerprint:
         REGISTRY.last_seen[key] = fingerprint
         REGISTRY.poke(key)
 
 
-@kopf.on.event("apps", "v1", "deployments")
-async def deployment_changed(name: str, namespace: str, type: str, **_: Any) -> None:
+def deployment_changed(namespace: str, name: str, type: str) -> None:
     """Wake the releases waiting on this Deployment (its readiness may have changed), and every release
-    about it when it is deleted."""
+    about it when it is deleted. Runs on the event loop (the Deployment reflectors hand events over)."""
     for key in list(REGISTRY.by_deployment.get((namespace, name), ())):
         if type == "DELETED" or REGISTRY.waiting.get(key):
             REGISTRY.poke(key)

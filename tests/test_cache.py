@@ -1,0 +1,250 @@
+"""The read cache: which body wins, what a relist keeps, and what the caching client reads and folds."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from greyrelease.cache import CachingClient, Reflector, Store
+from greyrelease.kubeclient import ApiError, NotFound
+
+
+def obj(name: str, rv: int | str, ns: str = "default", **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "namespace": ns, "resourceVersion": str(rv), "managedFields": [{"manager": "x"}]}
+    return {"metadata": meta, **extra}
+
+
+def version_of(store: Store, name: str, ns: str = "default") -> str | None:
+    found = store.get(ns, name)
+    return found["metadata"]["resourceVersion"] if found else None
+
+
+def test_newer_resource_version_wins_in_either_order() -> None:
+    store = Store()
+    assert store.fold(obj("web", 5))
+    assert not store.fold(obj("web", 4))  # a late watch event does not roll our write back
+    assert version_of(store, "web") == "5"
+    assert store.fold(obj("web", 7))
+    assert version_of(store, "web") == "7"
+
+
+def test_bodies_are_kept_without_managed_fields_and_handed_out_as_copies() -> None:
+    store = Store()
+    store.fold(obj("web", 1, spec={"replicas": 3}))
+    got = store.get("default", "web")
+    assert got is not None and "managedFields" not in got["metadata"]
+    got["spec"]["replicas"] = 99
+    assert store.get("default", "web")["spec"]["replicas"] == 3  # type: ignore[index]
+
+
+def test_deletion_is_not_undone_by_an_older_write_response() -> None:
+    store = Store()
+    store.fold(obj("web", 3))
+    store.delete(obj("web", 6))
+    assert store.get("default", "web") is None
+    assert not store.fold(obj("web", 5))  # our patch, answered before the deletion, folded after it
+    assert store.get("default", "web") is None
+    assert store.fold(obj("web", 9))  # created again
+    assert version_of(store, "web") == "9"
+
+
+def test_deletion_older_than_the_held_body_is_ignored() -> None:
+    store = Store()
+    store.fold(obj("web", 10))
+    store.delete(obj("web", 8))
+    assert version_of(store, "web") == "10"
+
+
+def test_relist_replaces_the_copy_but_keeps_newer_writes() -> None:
+    store = Store()
+    store.fold(obj("gone", 2))  # deleted while no watch was open
+    store.fold(obj("ours", 12))  # written by us after the list was served
+    store.fold(obj("web", 3))
+    store.replace([obj("web", 4), obj("new", 5)], version=10)
+    assert store.get("default", "gone") is None
+    assert version_of(store, "ours") == "12"
+    assert version_of(store, "web") == "4"
+    assert version_of(store, "new") == "5"
+    assert len(store) == 3
+
+
+def test_relist_does_not_bring_back_an_object_deleted_after_it() -> None:
+    store = Store()
+    store.delete(obj("web", 11))
+    store.replace([obj("web", 4)], version=10)
+    assert store.get("default", "web") is None
+
+
+def test_non_numeric_versions_fall_back_to_arrival_order() -> None:
+    store = Store()
+    store.fold(obj("web", "abc"))
+    assert store.fold(obj("web", "abd"))
+    assert version_of(store, "web") == "abd"
+
+
+def test_namespaces_are_kept_apart() -> None:
+    store = Store()
+    store.fold(obj("web", 1, ns="a"))
+    assert store.get("b", "web") is None
+    assert store.get("a", "web") is not None
+
+
+class FakeApi:
+    """Answers the KubeClient's requests from a dict of bodies, counting the requests it serves."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.rv = 100
+
+    def __call__(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        self.requests.append((method, path))
+        if method == "GET":
+            if path not in self.objects:
+                raise NotFound(404, "NotFound", path)
+            return self.objects[path]
+        self.rv += 1
+        if method == "POST":
+            created = {**body, "metadata": {**body["metadata"], "namespace": "default", "resourceVersion": str(self.rv)}}
+            self.objects[f"{path}/{body['metadata']['name']}"] = created
+            return created
+        target = path.removesuffix("/status")
+        current = self.objects[target]
+        patched = {**current, **{k: v for k, v in body.items() if k != "metadata"}}
+        patched["metadata"] = {**current["metadata"], "resourceVersion": str(self.rv)}
+        self.objects[target] = patched
+        return patched
+
+
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+@pytest.fixture
+def kube(monkeypatch: pytest.MonkeyPatch) -> tuple[CachingClient, FakeApi, Store]:
+    client = CachingClient.__new__(CachingClient)
+    client._stores = {}
+    client.hits = client.misses = 0
+    api = FakeApi()
+    monkeypatch.setattr(client, "request", api)
+    store = Store()
+    client.cache("/apis/apps/v1", "deployments", store)
+    return client, api, store
+
+
+def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+    client, api, store = kube
+    store.fold({**obj("web", 5), "spec": {"replicas": 2}})
+    assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 2}  # type: ignore[index]
+    assert api.requests == []
+    api.objects[f"{DEPLOYMENTS}/other"] = obj("other", 6)
+    assert client.get(f"{DEPLOYMENTS}/other") is not None
+    assert api.requests == [("GET", f"{DEPLOYMENTS}/other")]
+    assert client.get(f"{DEPLOYMENTS}/other") is not None  # kept from the first answer
+    assert len(api.requests) == 1
+    assert client.get(f"{DEPLOYMENTS}/missing") is None
+    assert (client.hits, client.misses) == (2, 2)
+
+
+def test_writes_fold_their_responses(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+    client, api, store = kube
+    client.create(DEPLOYMENTS, {"metadata": {"name": "web"}, "spec": {"replicas": 1}})
+    assert version_of(store, "web") == "101"
+    store.fold({**obj("web", 100), "spec": {"replicas": 1}})  # a late watch event of an older state
+    client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 4}})
+    assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 4}  # type: ignore[index]
+    assert [m for m, _ in api.requests] == ["POST", "PATCH"]
+
+
+def test_other_collections_are_not_cached(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+    client, api, store = kube
+    services = "/api/v1/namespaces/default/services"
+    api.objects[f"{services}/web"] = obj("web", 3)
+    client.get(f"{services}/web")
+    client.get(f"{services}/web")
+    assert len(api.requests) == 2 and len(store) == 0
+
+
+def test_nothing_is_served_until_ready(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+    client, api, _ = kube
+    store = Store()
+    ready = threading.Event()
+    client.cache("/apis/apps/v1", "deployments", store, ready=ready.is_set)
+    store.fold(obj("web", 1))
+    api.objects[f"{DEPLOYMENTS}/web"] = obj("web", 2)
+    assert version_of(store, "web") == "1"
+    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
+    ready.set()
+    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
+    assert len(api.requests) == 1
+
+
+class ScriptedKube:
+    """Lists and watches played from a script: each list returns the next listing, each watch the next
+    list of events (or raises the next error)."""
+
+    def __init__(self, listings: list[dict[str, Any]], watches: list[Any], done: threading.Event) -> None:
+        self.listings, self.watches, self.done = listings, watches, done
+        self.calls: list[str] = []
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.calls.append("list")
+        return self.listings.pop(0)
+
+    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int) -> Any:
+        self.calls.append(f"watch@{resource_version}")
+        if not self.watches:
+            self.done.set()
+            threading.Event().wait(5)
+            return
+        step = self.watches.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        yield from step
+
+
+def test_reflector_follows_the_watch_and_lists_again_when_it_is_too_old() -> None:
+    done = threading.Event()
+    seen: list[tuple[str, str]] = []
+    scripted = ScriptedKube(
+        listings=[
+            {"metadata": {"resourceVersion": "10"}, "items": [obj("a", 3), obj("b", 4)]},
+            {"metadata": {"resourceVersion": "30"}, "items": [obj("a", 21), obj("c", 25)]},
+        ],
+        watches=[
+            [
+                {"type": "MODIFIED", "object": obj("a", 11)},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+                {"type": "DELETED", "object": obj("b", 16)},
+            ],
+            [{"type": "ERROR", "object": {"code": 410, "reason": "Expired"}}],
+            [{"type": "ADDED", "object": obj("d", 31)}],
+        ],
+        done=done,
+    )
+    reflector = Reflector(scripted, DEPLOYMENTS, on_change=lambda kind, o: seen.append((kind, o["metadata"]["name"])))  # type: ignore[arg-type]
+    reflector.start()
+    assert done.wait(5)
+    reflector.stop()
+    store = reflector.store
+    assert scripted.calls == ["list", "watch@10", "watch@16", "list", "watch@30", "watch@31"]
+    assert reflector.synced.is_set()
+    assert version_of(store, "a") == "21" and store.get("default", "b") is None
+    assert version_of(store, "c") == "25" and version_of(store, "d") == "31"
+    assert seen == [("MODIFIED", "a"), ("DELETED", "b"), ("ADDED", "d")]
+
+
+def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("greyrelease.cache.RETRY_DELAYS", (0.01,))
+    done = threading.Event()
+    scripted = ScriptedKube(
+        listings=[{"metadata": {"resourceVersion": "10"}, "items": []}],
+        watches=[ApiError(500, "InternalError", "etcd"), [{"type": "ADDED", "object": obj("a", 12)}]],
+        done=done,
+    )
+    reflector = Reflector(scripted, DEPLOYMENTS).start()  # type: ignore[arg-type]
+    assert done.wait(5)
+    reflector.stop()
+    assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]
+    assert version_of(reflector.store, "a") == "12"

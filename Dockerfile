@@ -2,10 +2,14 @@
 #   make image            (docker or podman; IMAGE=greyrelease:0.1.0 by default)
 # Dependencies are the pinned runtime set of requirements.txt, installed from wheels only, so no
 # compiler is needed to build the image and none is left in it.
+# BASE is any image with Python 3.11 as `python3` (with its venv module) and groupadd/useradd, e.g.
+# Debian bookworm's own python3: image/build.sh makes one where no registry can be reached.
 
-FROM python:3.11-slim AS build
+ARG BASE=python:3.11-slim
+
+FROM ${BASE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/greyrelease
+RUN python3 -m venv /opt/greyrelease
 WORKDIR /src
 COPY requirements.txt ./
 RUN /opt/greyrelease/bin/pip install --only-binary=:all: --no-deps --require-virtualenv -r requirements.txt
@@ -16,7 +20,7 @@ RUN /opt/greyrelease/bin/pip install --no-deps . \
  && /opt/greyrelease/bin/pip check \
  && /opt/greyrelease/bin/pip uninstall --yes pip setuptools
 
-FROM python:3.11-slim
+FROM ${BASE}
 LABEL org.opencontainers.image.title="greyrelease" \
       org.opencontainers.image.description="Progressive canary and batch releases for Kubernetes Deployments" \
       org.opencontainers.image.licenses="Apache-2.0"

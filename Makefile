@@ -70,6 +70,12 @@ image:
 	  echo "error: a container engine (docker or podman) is needed to build $(IMAGE)" >&2; exit 1; fi
 	$(CONTAINER_ENGINE) build -t $(IMAGE) .
 
+# The same Dockerfile without a container engine or a registry (root, Debian): buildah on a Debian
+# bookworm base made with debootstrap, then a smoke check of the image; see image/build.sh.
+.PHONY: image-local
+image-local:
+	IMAGE=$(IMAGE) image/build.sh
+
 # Many releases at once on the local cluster; writes bench/RESULTS.md (+ results.json, results.png).
 bench: deps
 	$(PY) -m pip install --quiet matplotlib

@@ -11,9 +11,13 @@ sleeps until the plan's ``requeue_after`` or until it is woken. It is woken by
 Why a daemon rather than ``TemporaryError(delay=...)`` handlers: a handler retried by kopf keeps its retry
 state in annotations (a write per step) and cannot be cut short by an abort until its delay runs out; a
 daemon sleeps in memory for free and wakes on an ``asyncio.Event`` at once. Nothing durable lives in the
-daemon: it rereads the object and plans from ``status`` on every pass, so a restarted controller resumes
+daemon: every pass plans from the object's ``status`` as last seen, so a restarted controller resumes
 where the last one stopped. Deletion is the exception: kopf stops the daemon when the object is marked
 for deletion, and an ``on.delete`` handler (retried with ``TemporaryError``) puts the app back.
+
+Reads come from memory (:mod:`greyrelease.cache`): the GreyReleases as kopf's watch delivers them, the
+Deployments from reflectors of our own (which also do the waking above), each with the responses to our
+own writes folded in.
 """
 
 from __future__ import annotations

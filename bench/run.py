@@ -30,13 +30,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import urllib3
 
-from e2e.cluster import Cluster, LocalCluster, external_cluster
+from e2e.cluster import Cluster, LocalCluster, external_cluster, free_port
 from e2e.controller import CRD
 from greyrelease.kubeclient import KubeClient, path
 from greyrelease.planner import parse_time
@@ -46,7 +46,6 @@ PROFILE = os.environ.get("GREYRELEASE_BENCH_PROFILE") == "1"
 RESOURCES = {"greyreleases", "deployments", "replicasets", "services", "events"}
 # Resources only the controller writes (the Deployment controller writes Deployments' status, which is
 # not counted; ReplicaSets and Events are written by the rest of the control plane too).
-CONTROLLER_WRITES = {"greyreleases", "greyreleases/status", "deployments", "services"}
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 PAUSE = 2.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -96,18 +95,19 @@ class ProcStats:
         self._stop.set()
 
 
-def api_counts(kube: KubeClient) -> Counter[tuple[str, str]]:
-    """apiserver_request_total by (verb, resource), for the resources the controller uses."""
+def api_counts(kube: KubeClient, family_name: str = "apiserver_request", suffix: str = "_total") -> Counter[tuple[str, str]]:
+    """apiserver_request_total by (verb, resource), for the resources the controller uses (or another
+    per-request series of the API server, e.g. the sum of apiserver_request_duration_seconds)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     resp = kube._pool.request("GET", kube.host + "/metrics", headers=kube._headers())
     counts: Counter[tuple[str, str]] = Counter()
     for family in text_string_to_metric_families(resp.data.decode()):
-        if family.name != "apiserver_request":
+        if family.name != family_name:
             continue
         for s in family.samples:
             labels = s.labels
-            if not s.name.endswith("_total") or labels.get("resource") not in RESOURCES:
+            if not s.name.endswith(suffix) or labels.get("resource") not in RESOURCES:
                 continue
             if labels.get("subresource") not in ("", None, "status") or labels.get("verb") == "WATCH":
                 continue
@@ -154,6 +154,65 @@ class ServiceWatch(threading.Thread):
     def close(self) -> None:
         if self._resp is not None:
             self._resp.release_conn()
+
+
+def api_latency(kube: KubeClient) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+    """The API server's own request durations: (sum of seconds, count) by (verb, resource)."""
+    name = "apiserver_request_duration_seconds"
+    return api_counts(kube, name, "_sum"), api_counts(kube, name, "_count")
+
+
+def reconcile_durations(port: int) -> dict[str, float]:
+    """The controller's reconcile pass durations (its /metrics histogram, queueing for a thread included):
+    the mean and the bucket bound under which 99% fall."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics").data.decode()
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "greyrelease_reconcile_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets.append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+            elif sample.name.endswith("_count"):
+                count = sample.value
+    p99 = next((le for le, n in sorted(buckets) if count and n >= 0.99 * count), float("nan"))
+    return {"passes": count, "mean_s": round(total / count, 4) if count else float("nan"), "p99_le_s": p99}
+
+
+def controller_writes(cluster: Cluster, namespace: str, since: datetime) -> Counter[str]:
+    """Writes by the controller (its User-Agents) in ``namespace`` since ``since``, by resource, from the
+    API server's audit log (which, unlike its metrics, knows the client)."""
+    from e2e.reliability import audited_writes
+
+    if not isinstance(cluster, LocalCluster):
+        return Counter()
+    return Counter(
+        w.resource + (f"/{w.subresource}" if w.subresource else "")
+        for w in audited_writes(cluster, namespace=namespace, since=since)
+    )
+
+
+def settled(kube: KubeClient, ns: str, deployments: int) -> bool:
+    """Nothing left moving in the namespace: that many Deployments, each rolled out (all its replicas
+    updated and ready, and no others), and no pod on its way out."""
+    items = kube.list(path("apps", "v1", "deployments", ns))
+    pods = kube.list(path("", "v1", "pods", ns))
+
+    def rolled_out(d: dict[str, Any]) -> bool:
+        want, st = d["spec"].get("replicas", 1), d.get("status") or {}
+        return st.get("readyReplicas", 0) == st.get("updatedReplicas", 0) == st.get("replicas", 0) == want
+
+    return (
+        len(items) == deployments
+        and all(rolled_out(d) for d in items)
+        and len(pods) == sum(d["spec"].get("replicas", 1) for d in items)
+        and not any(p["metadata"].get("deletionTimestamp") for p in pods)
+    )
 
 
 def app(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -207,8 +266,10 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
     wait(all_ready, 600, "apps ready", 2)
 
     log = (workdir / f"controller-{n}.log").open("wb")
+    metrics_port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "greyrelease", "run", "--namespace", ns, "--no-leader-elect"],
+        [sys.executable, "-m", "greyrelease", "run", "--namespace", ns, "--no-leader-elect",
+         "--metrics-port", str(metrics_port)],
         cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     stats = ProcStats(proc.pid)
@@ -224,6 +285,8 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         time.sleep(5)  # the controller lists and watches before the clock starts
         cpu0 = stats.cpu()
         counts0 = api_counts(kube)
+        latency0 = api_latency(kube)
+        started = datetime.now(timezone.utc)
         t0 = time.time()
         batches = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
         parallel(lambda name: kube.create(gr_path, release(name, "v2", batches)), names)
@@ -244,13 +307,16 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
                     lags.append((fin - ready).total_seconds() - pause)
         cpu_release = stats.cpu() - cpu0
         counts1 = api_counts(kube)
+        latency1 = api_latency(kube)
+        passes = reconcile_durations(metrics_port)
+        release_writes = controller_writes(cluster, ns, started)
 
-        # Idle: every release finished; nothing should be written.
-        time.sleep(2)
-        idle0 = api_counts(kube)
+        # Idle: every release finished and the cluster has settled (the promoted canaries' pods are
+        # gone); nothing should be written by the controller, which is only asked to look every 5 min.
+        wait(lambda: settled(kube, ns, n), 900, "cluster settled", 2)
+        idle_from = datetime.now(timezone.utc)
         time.sleep(60)
-        idle1 = api_counts(kube)
-        idle_writes = sum(v for (verb, res), v in (idle1 - idle0).items() if verb in WRITES and res in CONTROLLER_WRITES)
+        idle_writes = controller_writes(cluster, ns, idle_from)
 
         # Abort latency: hold up to 200 releases at a manual pause, then abort them all.
         m = min(n, 200)
@@ -263,6 +329,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
             return all(got[h].get("batchReadyAt") and got[h].get("targetVersion") == "v3" for h in held)
 
         wait(live, 900, "held releases live", 1)
+        wait(lambda: settled(kube, ns, n + m), 900, "held canaries ready, nothing else moving", 2)
         watch = ServiceWatch(kube, ns)
         watch.start()
         watch.started.wait(10)
@@ -282,7 +349,11 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         delta = counts1 - counts0
         delta[("POST", "greyreleases")] -= n  # the benchmark's own creates
         per_release = {f"{verb} {res}": round(v / n, 2) for (verb, res), v in sorted(delta.items()) if v > 0}
-        writes = sum(v for (verb, res), v in delta.items() if verb in WRITES and res in CONTROLLER_WRITES)
+        seconds, calls = latency1[0] - latency0[0], latency1[1] - latency0[1]
+        api_ms = {}
+        for (verb, res), count in sorted(calls.items()):
+            if count >= n and verb in WRITES | {"GET"}:
+                api_ms[f"{verb} {res}"] = round(1000 * seconds[(verb, res)] / count, 1)
         return {
             "n": n,
             "phases": dict(phases),
@@ -295,8 +366,11 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
             "cpu_s": round(cpu_release, 1),
             "peak_rss_mib": round(stats.peak_rss / 2**20, 1),
             "requests_per_release": per_release,
-            "writes_per_transition": round(writes / (2 * n), 2),
-            "idle_writes_60s": idle_writes,
+            "api_latency_ms": api_ms,
+            "reconcile": passes,
+            "writes_per_transition": round(sum(release_writes.values()) / (2 * n), 2),
+            "writes_per_transition_by_resource": {k: round(v / (2 * n), 2) for k, v in sorted(release_writes.items())},
+            "idle_writes_60s": sum(idle_writes.values()),
         }
     finally:
         stats.stop()
@@ -352,8 +426,18 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
             f"| abort latency ({r['abort_n']} releases at once), p50 / p99 | {r['abort_p50_s']} s / {r['abort_p99_s']} s |",
             f"| controller CPU during the releases | {r['cpu_s']} s |",
             f"| controller peak resident memory | {r['peak_rss_mib']} MiB |",
-            f"| controller API writes per batch transition (GreyReleases, Deployments, Services) | {r['writes_per_transition']} |",
-            f"| controller API writes while idle (60 s) | {r['idle_writes_60s']:g} |",
+            f"| controller API writes per batch transition (audit log, all resources) | {r['writes_per_transition']} "
+            f"({', '.join(f'{k} {v}' for k, v in r['writes_per_transition_by_resource'].items())}) |",
+            f"| controller API writes while idle (60 s, after the cluster settled) | {r['idle_writes_60s']:g} |",
+            f"| reconcile passes per release; mean pass; 99% of passes under | {r['reconcile']['passes'] / r['n']:.1f}; "
+            f"{1000 * r['reconcile']['mean_s']:.1f} ms; {r['reconcile']['p99_le_s']:g} s |",
+            "",
+            "Mean API server time per request during the releases (its own `apiserver_request_duration_seconds`,",
+            "all clients), for requests made at least N times:",
+            "",
+            "| request | mean |",
+            "| --- | --- |",
+            *[f"| {k} | {v} ms |" for k, v in r["api_latency_ms"].items()],
             "",
             "API requests per release, by verb and resource (ReplicaSet writes and most Events come from the",
             "Deployment and ReplicaSet controllers, not from GreyRelease):",

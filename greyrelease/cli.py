@@ -119,6 +119,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # kopf says "Handler ... succeeded" for every watch event of every release; warnings and errors
+        # about an object still show, and the controller's own log says what it did.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     if args.metrics_port:

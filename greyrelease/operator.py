@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from typing import Any
@@ -189,6 +190,10 @@ async def release_daemon(
                     return
                 REGISTRY.watch(key, outcome.watched, waiting=outcome.waiting)
                 timeout = outcome.plan.requeue_after
+                if timeout is not None:
+                    # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was
+                    # recorded ready, however long the pass's own writes took.
+                    timeout = max(0.0, outcome.decided_at + timeout - time.monotonic())
             except Exception as err:  # noqa: BLE001 - a failed pass is retried; the error is logged
                 timeout = ERROR_BACKOFF[min(errors, len(ERROR_BACKOFF) - 1)]
                 errors += 1

@@ -13,7 +13,8 @@ import hashlib
 import json
 import logging
 import threading
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -91,11 +92,14 @@ def deployments_path(namespace: str, name: str | None = None) -> str:
 
 @dataclass
 class Outcome:
-    """What a reconcile did: the plan, and the names of the Deployments it watched."""
+    """What a reconcile did: the plan, the names of the Deployments it watched, and when (on the
+    monotonic clock) the plan's ``now`` was taken: its ``requeue_after`` counts from there, not from the
+    end of the pass."""
 
     plan: Plan
     watched: tuple[str, ...] = ()
     waiting: bool = False
+    decided_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -332,12 +336,13 @@ class Reconciler:
         release = self.kube.get(release_path(namespace, name))
         if release is None:
             return None
+        decided_at = time.monotonic()
         now = now or datetime.now(timezone.utc)
         status = GreyReleaseStatus.model_validate(release.get("status") or {})
         try:
             spec = GreyReleaseSpec.model_validate(release.get("spec") or {})
         except ValidationError as err:
-            return self._invalid_spec(release, status, err, now)
+            return replace(self._invalid_spec(release, status, err, now), decided_at=decided_at)
         observed, world = self.observe(release, spec, status)
         if due(spec.analysis, phase=status.phase, batch_ready_at=status.batch_ready_at, statuses=list(status.metrics), now=now):
             observed = replace(observed, checks=self._checks(release, spec, status))
@@ -351,7 +356,7 @@ class Reconciler:
         self.post_events(release, plan.events, now)
         if not observed.deleting:
             self.write_status(release, plan.status)
-        return Outcome(plan=plan, watched=self._watched(plan, world), waiting=self._waiting(plan))
+        return Outcome(plan=plan, watched=self._watched(plan, world), waiting=self._waiting(plan), decided_at=decided_at)
 
     @staticmethod
     def _watched(plan: Plan, world: _World) -> tuple[str, ...]:

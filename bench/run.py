@@ -405,6 +405,37 @@ def top_functions(collapsed: Path, limit: int = 15) -> str:
     return f"{samples} samples\n" + "\n".join(rows)
 
 
+#: Controller writes per batch transition (all resources, Events included) for the release shape here.
+WRITES_BOUND = 15
+
+
+def goals(results: list[dict[str, Any]]) -> list[str]:
+    """The issue's goals, each against the run that decides it (met / missed / not run)."""
+    by_n = {r["n"]: r for r in results}
+
+    def row(what: str, n: int, value: Any, ok: Callable[[Any], bool], unit: str = "") -> str:
+        r = by_n.get(n)
+        if r is None:
+            return f"| {what} | N = {n} not run | - |"
+        v = value(r)
+        return f"| {what} | {v}{unit} at N = {n} | {'met' if ok(v) else 'missed'} |"
+
+    worst = max(results, key=lambda r: r["writes_per_transition"])
+    return [
+        "## Goals",
+        "",
+        "| goal | measured | |",
+        "| --- | --- | --- |",
+        row("abort p99 <= 1 s", 500, lambda r: r["abort_p99_s"], lambda v: v <= 1.0, " s"),
+        row("transition lag p99 <= 1 s", 500, lambda r: r["lag_p99_s"], lambda v: v <= 1.0, " s"),
+        row("peak resident memory <= 300 MiB", 1000, lambda r: r["peak_rss_mib"], lambda v: v <= 300, " MiB"),
+        row(f"writes per batch transition <= {WRITES_BOUND}", worst["n"], lambda r: r["writes_per_transition"],
+            lambda v: v <= WRITES_BOUND),
+        row("API writes while idle = 0", max(by_n), lambda r: r["idle_writes_60s"], lambda v: v == 0),
+        "",
+    ]
+
+
 def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
     lines = [
         "# Benchmark results",
@@ -412,7 +443,9 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
         f"Produced by `{command}` on the local cluster (KWOK nodes), 2 cores. Each release: a 2-replica",
         "Deployment and its Service; batch 1 = 1 canary pod with a 2 s pause, batch 2 = all pods, then",
         "promotion. Abort latency: annotation written -> Service narrowed to the stable ReplicaSet, seen on a watch.",
+        "What the figures mean, the goals and the profile: `bench/README.md`.",
         "",
+        *goals(results),
     ]
     for r in results:
         lines += [

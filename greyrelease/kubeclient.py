@@ -54,7 +54,7 @@ class KubeClient:
     def __init__(self, cfg: k8s_client.Configuration, *, timeout: float = 15.0) -> None:
         self._cfg = cfg
         self.host = cfg.host.rstrip("/")
-        kwargs: dict[str, Any] = {"maxsize": 64, "timeout": urllib3.Timeout(total=timeout)}
+        kwargs: dict[str, Any] = {"maxsize": 128, "timeout": urllib3.Timeout(total=timeout)}
         if self.host.startswith("https"):
             if cfg.verify_ssl:
                 kwargs["cert_reqs"] = ssl.CERT_REQUIRED

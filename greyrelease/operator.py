@@ -44,7 +44,7 @@ IDLE_RESYNC = 300.0
 #: Waits after a failed pass. Capped at 10 s: after an API server outage the release resumes within 10 s
 #: of the API server being back (a refused connection costs nothing to retry).
 ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0)
-RECONCILE_THREADS = 64
+RECONCILE_THREADS = 128
 
 Key = tuple[str, str]
 
@@ -148,6 +148,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.CRITICAL
     settings.posting.reporting_component = "greyrelease"
     settings.watching.server_timeout = 300
+    # kopf waits this long for more events of an object before handling the last one (0.1 s by
+    # default); every abort, pause and promote annotation waits it out.
+    settings.batching.batch_window = 0.02
     settings.networking.request_timeout = 30
     # A pass mostly waits on the API server; asyncio's default pool (CPU count + 4 threads) would queue
     # hundreds of releases (and their aborts) behind a handful of requests in flight.

@@ -51,6 +51,9 @@ def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuratio
 class KubeClient:
     """GET/LIST/CREATE/PATCH/DELETE on API paths. Thread-safe (one connection pool)."""
 
+    #: Sent with every request; the API server's audit log tells the controller's writes by it.
+    user_agent = "greyrelease"
+
     def __init__(self, cfg: k8s_client.Configuration, *, timeout: float = 15.0) -> None:
         self._cfg = cfg
         self.host = cfg.host.rstrip("/")
@@ -72,7 +75,7 @@ class KubeClient:
         return cls(load_configuration(kubeconfig))
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "greyrelease"}
+        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         if content_type:
             headers["Content-Type"] = content_type
         with self._lock:

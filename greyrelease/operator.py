@@ -44,6 +44,9 @@ IDLE_RESYNC = 300.0
 #: Waits after a failed pass. Capped at 10 s: after an API server outage the release resumes within 10 s
 #: of the API server being back (a refused connection costs nothing to retry).
 ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0)
+#: Changes of a Deployment a release waits on are gathered this long before its pass: a rollout changes
+#: a Deployment's status several times in a row, and one pass sees them all. A deletion wakes it at once.
+DEPLOYMENT_SETTLE = 0.1
 RECONCILE_THREADS = 128
 
 Key = tuple[str, str]
@@ -58,6 +61,7 @@ class Registry:
         self.watching: dict[Key, tuple[str, ...]] = {}
         self.waiting: dict[Key, bool] = {}
         self.last_seen: dict[Key, Any] = {}
+        self.pending: dict[Key, asyncio.TimerHandle] = {}
 
     def event_for(self, key: Key) -> asyncio.Event:
         return self.wake.setdefault(key, asyncio.Event())
@@ -84,11 +88,23 @@ class Registry:
         self.waiting.pop(key, None)
         self.wake.pop(key, None)
         self.last_seen.pop(key, None)
+        handle = self.pending.pop(key, None)
+        if handle is not None:
+            handle.cancel()
 
     def poke(self, key: Key) -> None:
         event = self.wake.get(key)
         if event is not None:
             event.set()
+
+    def poke_soon(self, key: Key, delay: float) -> None:
+        """Poke after ``delay`` seconds; pokes asked for meanwhile are that same one. On the loop's thread."""
+        if key not in self.pending:
+            self.pending[key] = asyncio.get_running_loop().call_later(delay, self._poke_pending, key)
+
+    def _poke_pending(self, key: Key) -> None:
+        self.pending.pop(key, None)
+        self.poke(key)
 
 
 REGISTRY = Registry()
@@ -254,8 +270,10 @@ def deployment_changed(namespace: str, name: str, type: str) -> None:
     """Wake the releases waiting on this Deployment (its readiness may have changed), and every release
     about it when it is deleted. Runs on the event loop (the Deployment reflectors hand events over)."""
     for key in list(REGISTRY.by_deployment.get((namespace, name), ())):
-        if type == "DELETED" or REGISTRY.waiting.get(key):
+        if type == "DELETED":
             REGISTRY.poke(key)
+        elif REGISTRY.waiting.get(key):
+            REGISTRY.poke_soon(key, DEPLOYMENT_SETTLE)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)

@@ -1,0 +1,81 @@
+"""When a release's daemon is woken: Deployment changes gathered, deletions at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from greyrelease import operator
+from greyrelease.operator import Registry
+
+RELEASE = ("shop", "web")
+
+
+def wakes(registry: Registry, events: list[tuple[str, float]], settle: float = 0.05) -> int:
+    """Feeds Deployment events ("MODIFIED"/"DELETED", seconds after the previous one) through the
+    operator's handler; the number of times the release was woken, over settle * 4 after the last."""
+
+    async def run() -> int:
+        operator.REGISTRY, saved = registry, operator.REGISTRY
+        operator.DEPLOYMENT_SETTLE, saved_settle = settle, operator.DEPLOYMENT_SETTLE
+        woken = 0
+        wake = registry.event_for(RELEASE)
+
+        async def count() -> None:
+            nonlocal woken
+            while True:
+                await wake.wait()
+                wake.clear()
+                woken += 1
+
+        counter = asyncio.create_task(count())
+        try:
+            for kind, after in events:
+                await asyncio.sleep(after)
+                operator.deployment_changed("shop", "web", kind)
+            await asyncio.sleep(settle * 4)
+        finally:
+            counter.cancel()
+            operator.REGISTRY, operator.DEPLOYMENT_SETTLE = saved, saved_settle
+        return woken
+
+    return asyncio.run(run())
+
+
+def registry(waiting: bool) -> Registry:
+    r = Registry()
+    r.watch(RELEASE, ("web", "web-canary"), waiting=waiting)
+    return r
+
+
+def test_a_burst_of_status_changes_is_one_wakeup() -> None:
+    assert wakes(registry(waiting=True), [("MODIFIED", 0.0)] * 6) == 1
+
+
+def test_changes_further_apart_than_the_settle_time_each_wake() -> None:
+    assert wakes(registry(waiting=True), [("MODIFIED", 0.0), ("MODIFIED", 0.15), ("MODIFIED", 0.15)]) == 3
+
+
+def test_a_release_on_hold_is_not_woken_by_status_changes_but_is_by_a_deletion() -> None:
+    assert wakes(registry(waiting=False), [("MODIFIED", 0.0)] * 3) == 0
+    assert wakes(registry(waiting=False), [("DELETED", 0.0)]) == 1
+
+
+def test_an_unrelated_deployment_wakes_nothing() -> None:
+    r = Registry()
+    r.watch(RELEASE, ("api", "api-canary"), waiting=True)
+    assert wakes(r, [("MODIFIED", 0.0), ("DELETED", 0.0)]) == 0
+
+
+def test_forgetting_a_release_cancels_its_pending_wakeup() -> None:
+    r = registry(waiting=True)
+
+    async def run() -> bool:
+        r.event_for(RELEASE)
+        r.poke_soon(RELEASE, 0.05)
+        wake = r.wake[RELEASE]
+        r.forget(RELEASE)
+        await asyncio.sleep(0.1)
+        return wake.is_set()
+
+    assert asyncio.run(run()) is False
+    assert r.pending == {}

@@ -23,6 +23,7 @@ own writes folded in.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -279,6 +280,8 @@ def deployment_changed(namespace: str, name: str, type: str) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)
 async def release_deleted(name: str, namespace: str, body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     """Put the app back as it was before the release began, then let the object go."""
+    # The pass must see the deletion mark even if kopf calls this before release_changed has kept it.
+    RELEASES.fold(copy.deepcopy(dict(body)))
     try:
         outcome = await _reconcile_once(namespace, name, body)
     except Exception as err:  # noqa: BLE001 - a failed pass (e.g. a write conflict) is retried at once

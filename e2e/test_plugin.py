@@ -124,10 +124,10 @@ def test_every_subcommand_on_a_real_release(
     gr_cmd(cluster, "promote", "web", "--full", "-n", namespace)
     frames, err = watch.communicate(timeout=90)
     assert watch.returncode == 0, err
-    assert frames.count("Name:") >= 3, frames  # redrawn as the release moved
+    # Redrawn as the release moved. The watch polls, so a short Promoting step may fall between two
+    # polls: what is certain is the waiting frame first and the Succeeded frame last.
     phases = [line.split()[1] for line in frames.splitlines() if line.startswith("Phase:")]
-    assert phases[0] == "Progressing" and phases[-1] == "Succeeded", phases
-    assert "Promoting" in phases or len(phases) >= 3, phases
+    assert len(phases) >= 2 and phases[0] == "Progressing" and phases[-1] == "Succeeded", phases
     assert field(frames, "Batch") == "[#####-----] 2/4"  # promoted in full from batch 2
     assert field(frames, "Versions") == "stable v2 -> target v2"
 

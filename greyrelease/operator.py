@@ -152,14 +152,24 @@ async def watch_deployments(namespaces: list[str]) -> list[Reflector]:
     return reflectors
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Keeps no last-handled copy of the object. kopf would write one into an annotation on every change
+    of the spec or the annotations (a write per change for nothing): the controller's only changing
+    handler is the deletion one, and the daemon reads the object as it is, never a diff."""
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return self.build(body=body)  # always "as handled": no create or update cause is ever seen
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        pass
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Our finalizer and kopf's bookkeeping live under our own prefix.
     settings.persistence.finalizer = "greyrelease.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="greyrelease.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="greyrelease.io", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Events are posted deliberately, one per transition; kopf's own log lines are not copied into
     # them (only critical ones would be).
     settings.posting.level = logging.CRITICAL

@@ -149,6 +149,8 @@ class _Builder:
         self.events: list[Event] = []
         self.requeue: float | None = None
         self.done = False
+        #: A batch was finished in this pass (the pass goes on into the next step, but only once).
+        self.advanced = False
 
     def set(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -183,6 +185,12 @@ class _Builder:
         self.set(history=records[-HISTORY_LIMIT:])
 
     def build(self, generation: int) -> Plan:
+        actions = self.actions
+        images = [i for i, a in enumerate(actions) if isinstance(a, SetStableImage)]
+        if images:
+            # A pass that readied the last batch and went on into promotion: the stable's new image and
+            # size make its scaling down for that batch moot (one write instead of two).
+            actions = [a for i, a in enumerate(actions) if not (isinstance(a, ScaleStable) and i < images[-1])]
         status = self.status.model_copy(
             update={
                 "observed_generation": generation,
@@ -194,7 +202,7 @@ class _Builder:
         status = status.model_copy(update={"conditions": _conditions(status, self.now)})
         return Plan(
             status=status,
-            actions=tuple(self.actions),
+            actions=tuple(actions),
             events=tuple(self.events),
             requeue_after=self.requeue,
             done=self.done,
@@ -359,9 +367,10 @@ def _initialize(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
         f"releasing {image} to {target.name} in {len(steps)} batches (stable {version_of(original_image)})",
     )
     # The routing objects (canary Service/Ingress, stable narrowing) come before any canary pod, so the
-    # stable backend never sends traffic to a canary that copied its labels.
+    # stable backend never sends traffic to a canary that copied its labels. The same pass goes on to
+    # grow the first batch (its actions come after these).
     b.act(PrepareRouting())
-    b.again(0)
+    _progress(b, spec, observed)
 
 
 def _reset(b: _Builder) -> None:
@@ -449,9 +458,25 @@ def _progress(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
     if st.batch_ready_at is not None and (observed.canary is None or observed.canary.deleting):
         _canary_lost(b, steps, step)
     if b.status.batch_ready_at is None:
-        _scale_batch(b, spec, observed, target, steps, step, image)
-        return
+        at_once = _moves_on_at_once(spec, step)
+        _scale_batch(b, spec, observed, target, steps, step, image, chain=at_once)
+        if b.status.batch_ready_at is None or not at_once:
+            return
     _hold_batch(b, spec, observed, steps, step)
+    # A finished batch is followed, in the same pass, by the next step: the next batch's canary grows, or
+    # the promotion starts. That saves a pass and a status write per transition; the actions stay in
+    # order and are idempotent, so a controller killed in between plans the same steps again.
+    if not b.advanced:
+        return
+    if b.status.phase == "Promoting":
+        _promote(b, spec, observed)
+    elif b.status.phase == "Progressing" and b.status.current_batch == k + 1:
+        _scale_batch(b, spec, observed, target, steps, steps[k], image, chain=False)
+
+
+def _moves_on_at_once(spec: GreyReleaseSpec, step: Step) -> bool:
+    """A batch without a pause and without analysis is done the moment it is ready."""
+    return not step.pause and spec.analysis is None
 
 
 def _canary_lost(b: _Builder, steps: list[Step], step: Step) -> None:
@@ -483,8 +508,11 @@ def _scale_batch(
     steps: list[Step],
     step: Step,
     image: str,
+    *,
+    chain: bool,
 ) -> None:
-    """Grow the canary to the batch's size; once it is ready, move the traffic."""
+    """Grow the canary to the batch's size; once it is ready, move the traffic. With ``chain`` the caller
+    goes on at once with a ready batch that has no pause, so no timer is set for it here."""
     st = b.status
     k, n = step.number, len(steps)
     # Until the new canary pods are ready the stable keeps the size of the batch before, so ready pods
@@ -507,7 +535,7 @@ def _scale_batch(
             )
             return
         b.act(EnsureCanary(replicas=step.canary_replicas, image=image, version=spec.target_version))
-        if target.replicas != stable_before:
+        if _stable_size(b, target) != stable_before:
             b.act(ScaleStable(stable_before))
         # The message does not count ready pods: it would cost a status write per pod.
         b.set(message=f"batch {k}/{n}: waiting for {step.canary_replicas} canary pods to be ready")
@@ -515,7 +543,7 @@ def _scale_batch(
         return
 
     now = fmt_time(b.now)
-    if target.replicas != step.stable_replicas:
+    if _stable_size(b, target) != step.stable_replicas:
         b.act(ScaleStable(step.stable_replicas))
     b.act(SetWeight(step.weight, step.header_match))
     next_check = None
@@ -536,10 +564,19 @@ def _scale_batch(
     b.set(message=_hold_message(k, n, step, next_check))
     if step.pause == MANUAL:
         b.event(R.WAITING_FOR_APPROVAL, f"batch {k}/{n} waits for greyrelease.io/promote=next")
-    elif isinstance(step.pause, (int, float)):
+    elif isinstance(step.pause, (int, float)) and step.pause > 0:
         b.again(step.pause)
-    else:
+    elif not chain:
         b.again(0)
+
+
+def _stable_size(b: _Builder, target: Workload) -> int:
+    """The stable's replicas once this pass's actions so far are applied (a chained step plans on from
+    the earlier step's actions, not from the Deployment as it was read)."""
+    for action in reversed(b.actions):
+        if isinstance(action, (ScaleStable, SetStableImage)):
+            return action.replicas
+    return target.replicas
 
 
 def _hold_message(k: int, n: int, step: Step, next_check: str | None) -> str:
@@ -629,6 +666,7 @@ def _gate(b: _Builder, spec: GreyReleaseSpec, observed: Observed, k: int, n: int
 
 def _finish_batch(b: _Builder, k: int, result: str) -> None:
     b.history(k, finished_at=fmt_time(b.now), result=result)
+    b.advanced = True
 
 
 def _advance(b: _Builder, spec: GreyReleaseSpec, steps: list[Step], step: Step, *, result: str) -> None:
@@ -649,7 +687,6 @@ def _advance(b: _Builder, spec: GreyReleaseSpec, steps: list[Step], step: Step, 
     b.history(k + 1, started_at=now)
     b.phase("Progressing", f"batch {k + 1}/{n}: growing the canary")
     b.event(R.BATCH_PASSED, f"batch {k}/{n} {result}; starting batch {k + 1}/{n}")
-    b.again(0)
 
 
 # --- promotion ------------------------------------------------------------------------------------
@@ -659,7 +696,6 @@ def _start_promotion(b: _Builder, n: int) -> None:
     b.set(batch_ready_at=None, next_check_at=None)
     b.phase("Promoting", "rolling the stable Deployment to the target version")
     b.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
-    b.again(0)
 
 
 def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:

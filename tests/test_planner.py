@@ -51,7 +51,7 @@ def reasons(world: World) -> list[str]:
 # --- starting ---------------------------------------------------------------------------------------
 
 
-def test_start_records_what_it_will_restore_and_acts_on_nothing_but_routing() -> None:
+def test_start_records_what_it_will_restore_and_prepares_routing_before_the_canary() -> None:
     w = World(spec(trafficRouting=SERVICE))
     plan = w.step()
     st = plan.status
@@ -59,8 +59,9 @@ def test_start_records_what_it_will_restore_and_acts_on_nothing_but_routing() ->
     assert st.restore.replicas == 10 and st.restore.image == "app:v1"
     assert st.stable_version == "v1" and st.target_version == "v2"
     assert st.stable_pod_template_hash == "stablehash"
-    assert plan.actions == (PrepareRouting(),)
-    assert plan.requeue_after == 0
+    # The same pass grows batch 1, after the routing is in place.
+    assert plan.actions == (PrepareRouting(), EnsureCanary(replicas=2, image="app:v2", version="v2"))
+    assert plan.requeue_after is not None and plan.requeue_after > 0  # woken by the canary, or polls
     assert R.RELEASE_STARTED in reasons(w)
 
 
@@ -121,11 +122,10 @@ def test_already_at_target_succeeds_without_touching_anything() -> None:
 
 
 def test_batch_grows_canary_before_shrinking_stable_then_moves_traffic() -> None:
-    w = started(World(spec(trafficRouting=SERVICE)))
-    w.pods_get_ready = False
+    w = World(spec(trafficRouting=SERVICE, pause="30s"), pods_get_ready=False)
     plan = w.step()
     # Canary first; the stable keeps all its replicas while the canary is not ready.
-    assert plan.actions == (EnsureCanary(replicas=2, image="app:v2", version="v2"),)
+    assert plan.actions == (PrepareRouting(), EnsureCanary(replicas=2, image="app:v2", version="v2"))
     assert plan.status.batch_ready_at is None
     assert "waiting for 2 canary pods to be ready" in plan.status.message
     w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
@@ -163,6 +163,57 @@ def test_router_mode_keeps_stable_at_full_size_and_sets_explicit_weights() -> No
     assert w.status.phase == "Succeeded"
     assert weights[:10] == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
     assert weights[-1] == 0  # weight back to the promoted stable before the canary goes
+
+
+def test_a_batch_without_pause_moves_on_in_the_pass_that_finds_it_ready() -> None:
+    batches = [{"replicas": 2}, {"replicas": 4, "pause": "30s"}, {"replicas": 10}]
+    w = World(spec(trafficRouting=SERVICE, batches=batches, batchSize=None, canaryWeight=None))
+    w.step()  # routing, and batch 1's canary (ready at once in this world)
+    plan = w.step()
+    # Ready, traffic moved, passed, and batch 2's canary asked for: one pass, one status.
+    assert [type(a) for a in plan.actions] == [ScaleStable, SetWeight, EnsureCanary]
+    assert plan.actions[-1] == EnsureCanary(replicas=4, image="app:v2", version="v2")
+    assert [e.reason for e in plan.events] == [R.BATCH_READY, R.BATCH_PASSED]
+    first = plan.status.history[0]
+    assert first.ready_at == first.finished_at and first.result == "passed"
+    assert plan.status.current_batch == 2 and plan.status.batch_ready_at is None
+    assert plan.requeue_after is not None and plan.requeue_after > 0  # the new canary wakes it
+    # Batch 2 has a pause: it is held when ready, and its timer is the pause.
+    plan = w.step()
+    assert plan.status.current_batch == 2 and plan.status.batch_ready_at is not None
+    assert plan.requeue_after == 30
+
+
+def test_a_pass_finishes_at_most_one_batch() -> None:
+    # Steps that only move the weight: the next batch's canary is ready the moment the last one passes.
+    batches = [{"replicas": 2, "weight": 10}, {"replicas": 2, "weight": 30}, {"replicas": 2, "weight": 60}, {"replicas": 10}]
+    w = World(spec(trafficRouting=NGINX, batches=batches, batchSize=None, canaryWeight=None))
+    w.run(until={"Succeeded"})
+    passed = [sum(e.reason == R.BATCH_PASSED for e in p.events) for p in w.plans]
+    assert max(passed) == 1 and sum(passed) == 3
+    weights = [a.weight for p in w.plans for a in p.actions if isinstance(a, SetWeight)]
+    assert weights == [10, 30, 60, 100, 0]
+    assert [r.result for r in w.status.history] == ["passed"] * 4
+
+
+def test_last_batch_goes_straight_into_promotion_without_scaling_the_stable_down_first() -> None:
+    w = World(spec(trafficRouting=SERVICE, batchSize=10, canaryWeight=100))
+    w.step()
+    w.pods_get_ready = False
+    plan = w.step()
+    assert plan.status.phase == "Promoting"
+    # The batch would scale the stable to 0; promotion sets its image and all 10 replicas: one write.
+    assert plan.actions == (SetWeight(100, None), RestoreStableSelector(), SetStableImage("app:v2", 10))
+    assert [e.reason for e in plan.events] == [R.BATCH_READY, R.PROMOTING]
+
+
+def test_each_step_of_a_release_costs_one_pass() -> None:
+    # Two batches (a timed pause, then none) and promotion: start + batch 1, batch 1 ready, pause over +
+    # batch 2, batch 2 ready + promotion, canary removed, done.
+    batches = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
+    w = World(spec(trafficRouting=SERVICE, batches=batches, batchSize=None, canaryWeight=None), stable=workload(replicas=2))
+    w.run(until={"Succeeded"})
+    assert len(w.plans) == 6, [p.status.message for p in w.plans]
 
 
 def test_timed_pause_waits_exactly_and_requeues_for_the_rest() -> None:
@@ -248,8 +299,7 @@ def test_pause_annotation_false_does_not_pause() -> None:
 
 
 def test_progress_deadline_fails_the_release_and_rolls_back() -> None:
-    w = started(World(spec(trafficRouting=SERVICE, progressDeadlineSeconds=60)))
-    w.pods_get_ready = False
+    w = World(spec(trafficRouting=SERVICE, progressDeadlineSeconds=60), pods_get_ready=False)
     plan = w.step()
     assert plan.requeue_after is not None and plan.requeue_after <= 60
     w.advance(61)
@@ -386,7 +436,7 @@ def test_abort_before_start_changes_nothing() -> None:
 
 
 def test_rollback_keeps_canary_until_stable_is_ready() -> None:
-    w = started(World(spec(trafficRouting=SERVICE)))
+    w = started(World(spec(trafficRouting=SERVICE, pause="30s")))
     hold(w)  # batch 1 ready: stable 8, canary 2
     w.annotations[ABORT_ANNOTATION] = "true"
     w.pods_get_ready = False
@@ -448,10 +498,12 @@ def test_new_target_version_mid_release_restarts_from_batch_one(phase: str) -> N
 
 def test_promotion_waits_for_the_stable_rollout_then_removes_the_canary() -> None:
     w = World(spec(trafficRouting=NGINX, batchSize=10, canaryWeight=100))
-    w.run(until={"Promoting"})
+    w.step()  # the one batch's canary, ready at once here
     w.pods_get_ready = False
     plan = w.step()
-    assert plan.actions == (RestoreStableSelector(), SetStableImage("app:v2", 10))
+    # The last batch has no pause: the pass that finds it ready moves the weight and starts promoting.
+    assert plan.status.phase == "Promoting"
+    assert plan.actions == (SetWeight(100, None), RestoreStableSelector(), SetStableImage("app:v2", 10))
     plan = w.step()
     assert "waiting for 10 stable pods ready on v2" in plan.status.message and w.canary is not None
     w.stable = replace(w.stable, ready=10, updated=10, available=10, total=10)
@@ -470,9 +522,9 @@ def test_service_mode_promotion_never_narrows_to_the_old_hash() -> None:
 
 def test_promotion_deadline_rolls_back_to_the_original_image() -> None:
     w = World(spec(batchSize=10, canaryWeight=100, progressDeadlineSeconds=30))
-    w.run(until={"Promoting"})
-    w.pods_get_ready = False
     w.step()
+    w.pods_get_ready = False
+    assert w.step().status.phase == "Promoting"
     w.advance(31)
     plan = w.step()
     assert plan.status.phase == "RollingBack"
@@ -487,7 +539,7 @@ def test_promotion_deadline_rolls_back_to_the_original_image() -> None:
 
 
 def test_target_deleted_mid_release_fails_and_removes_the_canary() -> None:
-    w = started(World(spec(trafficRouting=SERVICE)))
+    w = started(World(spec(trafficRouting=SERVICE, pause="30s")))
     hold(w)
     w.stable = None
     w.run(until={"Failed"})

@@ -54,10 +54,12 @@ class KubeClient:
     #: Sent with every request; the API server's audit log tells the controller's writes by it.
     user_agent = "greyrelease"
 
-    def __init__(self, cfg: k8s_client.Configuration, *, timeout: float = 15.0) -> None:
+    def __init__(self, cfg: k8s_client.Configuration, *, timeout: float = 15.0, connections: int = 128) -> None:
         self._cfg = cfg
         self.host = cfg.host.rstrip("/")
-        kwargs: dict[str, Any] = {"maxsize": 128, "timeout": urllib3.Timeout(total=timeout)}
+        # As many kept connections as threads use the client at once: a request beyond them would open
+        # (and then drop) a TLS connection of its own.
+        kwargs: dict[str, Any] = {"maxsize": connections, "timeout": urllib3.Timeout(total=timeout)}
         if self.host.startswith("https"):
             if cfg.verify_ssl:
                 kwargs["cert_reqs"] = ssl.CERT_REQUIRED
@@ -71,8 +73,8 @@ class KubeClient:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None) -> KubeClient:
-        return cls(load_configuration(kubeconfig))
+    def from_environment(cls, kubeconfig: str | None = None, **kwargs: Any) -> KubeClient:
+        return cls(load_configuration(kubeconfig), **kwargs)
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": self.user_agent}

@@ -26,7 +26,6 @@ import asyncio
 import copy
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from typing import Any
 
@@ -36,6 +35,7 @@ from . import metrics
 from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
 from .cache import CachingClient, Reflector, Store, wait_synced
 from .kubeclient import path
+from .pool import PassPool
 from .reconciler import Outcome, Reconciler
 
 log = logging.getLogger("greyrelease")
@@ -63,6 +63,8 @@ class Registry:
         self.waiting: dict[Key, bool] = {}
         self.last_seen: dict[Key, Any] = {}
         self.pending: dict[Key, asyncio.TimerHandle] = {}
+        #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
+        self.urgent: set[Key] = set()
 
     def event_for(self, key: Key) -> asyncio.Event:
         return self.wake.setdefault(key, asyncio.Event())
@@ -89,6 +91,7 @@ class Registry:
         self.waiting.pop(key, None)
         self.wake.pop(key, None)
         self.last_seen.pop(key, None)
+        self.urgent.discard(key)
         handle = self.pending.pop(key, None)
         if handle is not None:
             handle.cancel()
@@ -119,10 +122,17 @@ SYNC_TIMEOUT = 60.0
 
 def client() -> CachingClient:
     if "client" not in _state:
-        kube = CachingClient.from_environment()
+        # Connections for every pass thread, and one per Deployment watch besides.
+        kube = CachingClient.from_environment(connections=RECONCILE_THREADS + 16)
         kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, RELEASES)
         _state["client"] = kube
     return _state["client"]
+
+
+def pool() -> PassPool:
+    if "pool" not in _state:
+        _state["pool"] = PassPool(RECONCILE_THREADS)
+    return _state["pool"]
 
 
 def reconciler() -> Reconciler:
@@ -179,11 +189,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # default); every abort, pause and promote annotation waits it out.
     settings.batching.batch_window = 0.02
     settings.networking.request_timeout = 30
-    # A pass mostly waits on the API server; asyncio's default pool (CPU count + 4 threads) would queue
-    # hundreds of releases (and their aborts) behind a handful of requests in flight.
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile")
-    )
+    # A pass mostly waits on the API server: passes run on many threads of their own (asyncio's default
+    # pool, CPU count + 4 threads, would queue hundreds of releases behind a handful of requests), and
+    # the passes people ask for (abort, pause, promote, deletion) go ahead of the queue.
+    pool()
     reconciler()
     _state["reflectors"] = await watch_deployments(list(memo.get("namespaces") or []))
 
@@ -192,11 +201,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 async def stop_watches(**_: Any) -> None:
     for reflector in _state.pop("reflectors", []):
         reflector.stop()
+    if "pool" in _state:
+        _state.pop("pool").stop(wait=False)
 
 
-async def _reconcile_once(namespace: str, name: str, body: Any) -> Outcome | None:
+async def _reconcile_once(namespace: str, name: str, *, urgent: bool = False) -> Outcome | None:
     with metrics.RECONCILE.time():
-        outcome = await asyncio.to_thread(reconciler().reconcile, namespace, name)
+        outcome = await asyncio.wrap_future(pool().submit(reconciler().reconcile, namespace, name, urgent=urgent))
     metrics.record((namespace, name), outcome.plan if outcome else None)
     # The plan's Events were posted by the reconciler, before its status write (exactly once).
     return outcome
@@ -212,9 +223,11 @@ async def release_daemon(
     try:
         while not stopped:
             wake.clear()
+            urgent = key in REGISTRY.urgent
+            REGISTRY.urgent.discard(key)
             timeout: float | None
             try:
-                outcome = await _reconcile_once(namespace, name, body)
+                outcome = await _reconcile_once(namespace, name, urgent=urgent)
                 errors = 0
                 if outcome is None:
                     return
@@ -274,6 +287,7 @@ async def release_changed(
     fingerprint = _fingerprint(body)
     if REGISTRY.last_seen.get(key) != fingerprint:
         REGISTRY.last_seen[key] = fingerprint
+        REGISTRY.urgent.add(key)
         REGISTRY.poke(key)
 
 
@@ -293,7 +307,7 @@ async def release_deleted(name: str, namespace: str, body: kopf.Body, logger: lo
     # The pass must see the deletion mark even if kopf calls this before release_changed has kept it.
     RELEASES.fold(copy.deepcopy(dict(body)))
     try:
-        outcome = await _reconcile_once(namespace, name, body)
+        outcome = await _reconcile_once(namespace, name, urgent=True)
     except Exception as err:  # noqa: BLE001 - a failed pass (e.g. a write conflict) is retried at once
         logger.warning(f"cleanup pass failed ({err}); retrying")
         raise kopf.TemporaryError(f"cleanup pass failed: {err}", delay=1) from err

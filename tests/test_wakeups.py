@@ -79,3 +79,31 @@ def test_forgetting_a_release_cancels_its_pending_wakeup() -> None:
 
     assert asyncio.run(run()) is False
     assert r.pending == {}
+
+
+def test_a_person_s_change_makes_the_next_pass_urgent_and_our_status_writes_do_not() -> None:
+    from greyrelease.cache import Store
+
+    def obj(rv: int, annotations: dict[str, str], status: dict | None = None) -> dict:
+        meta = {"name": "web", "namespace": "shop", "uid": "u1", "generation": 1, "resourceVersion": str(rv),
+                "annotations": annotations}  # fmt: skip
+        return {"metadata": meta, "spec": {}, "status": status or {}}
+
+    async def run() -> list[bool]:
+        r = Registry()
+        operator.REGISTRY, saved = r, operator.REGISTRY
+        operator.RELEASES, saved_store = Store(), operator.RELEASES
+        seen = []
+        try:
+            for body in (obj(1, {}), obj(2, {}, {"phase": "Progressing"}), obj(3, {"greyrelease.io/abort": "true"})):
+                r.urgent.clear()
+                await operator.release_changed(
+                    body=body, event={"type": "MODIFIED", "object": body}, name="web", namespace="shop", type="MODIFIED"
+                )
+                seen.append(RELEASE in r.urgent)
+        finally:
+            operator.REGISTRY, operator.RELEASES = saved, saved_store
+        return seen
+
+    # First sight (a new release), a status write of our own, then an abort annotation.
+    assert asyncio.run(run()) == [True, False, True]

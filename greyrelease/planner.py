@@ -185,12 +185,6 @@ class _Builder:
         self.set(history=records[-HISTORY_LIMIT:])
 
     def build(self, generation: int) -> Plan:
-        actions = self.actions
-        images = [i for i, a in enumerate(actions) if isinstance(a, SetStableImage)]
-        if images:
-            # A pass that readied the last batch and went on into promotion: the stable's new image and
-            # size make its scaling down for that batch moot (one write instead of two).
-            actions = [a for i, a in enumerate(actions) if not (isinstance(a, ScaleStable) and i < images[-1])]
         status = self.status.model_copy(
             update={
                 "observed_generation": generation,
@@ -202,7 +196,7 @@ class _Builder:
         status = status.model_copy(update={"conditions": _conditions(status, self.now)})
         return Plan(
             status=status,
-            actions=tuple(actions),
+            actions=tuple(self.actions),
             events=tuple(self.events),
             requeue_after=self.requeue,
             done=self.done,
@@ -579,6 +573,15 @@ def _stable_size(b: _Builder, target: Workload) -> int:
     return target.replicas
 
 
+def _stable_shrinking(b: _Builder, target: Workload) -> bool:
+    """This pass scales the stable, or its last scaling down has not landed yet (old pods left)."""
+    return (
+        any(isinstance(a, ScaleStable) for a in b.actions)
+        or target.observed_generation < target.generation
+        or target.total > target.replicas
+    )
+
+
 def _hold_message(k: int, n: int, step: Step, next_check: str | None) -> str:
     if step.pause == MANUAL:
         return (
@@ -711,6 +714,13 @@ def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
     replicas = st.restore.replicas
     image = target_image(st.restore.image, spec.target_version)
     if not target.rolled_out(replicas, image):
+        if target.image != image and _stable_shrinking(b, target):
+            # The last batch scaled the stable down (Service mode: to nothing, all traffic on the
+            # canary). Its old pods go before the new image comes: given both at once, the Deployment
+            # would keep old pods serving while it rolls.
+            b.set(message=f"promoting: waiting for the stable to scale down to {_stable_size(b, target)} replicas")
+            b.at(b.now + timedelta(seconds=CONVERGE_POLL))
+            return
         if target.image != image or target.replicas != replicas:
             # The narrowing of the stable Service goes first: the stable's new pods must get traffic.
             b.act(RestoreStableSelector(), SetStableImage(image, replicas))

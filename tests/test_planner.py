@@ -196,24 +196,30 @@ def test_a_pass_finishes_at_most_one_batch() -> None:
     assert [r.result for r in w.status.history] == ["passed"] * 4
 
 
-def test_last_batch_goes_straight_into_promotion_without_scaling_the_stable_down_first() -> None:
+def test_promotion_gives_the_stable_its_new_image_only_once_the_last_batch_scaled_it_down() -> None:
     w = World(spec(trafficRouting=SERVICE, batchSize=10, canaryWeight=100))
     w.step()
-    w.pods_get_ready = False
     plan = w.step()
+    # The one batch is ready: all traffic on the canary and the stable scaled to nothing, then promotion
+    # starts in the same pass but waits for that scale-down to land.
     assert plan.status.phase == "Promoting"
-    # The batch would scale the stable to 0; promotion sets its image and all 10 replicas: one write.
-    assert plan.actions == (SetWeight(100, None), RestoreStableSelector(), SetStableImage("app:v2", 10))
+    assert plan.actions == (ScaleStable(0), SetWeight(100, None))
     assert [e.reason for e in plan.events] == [R.BATCH_READY, R.PROMOTING]
+    assert "waiting for the stable to scale down to 0 replicas" in plan.status.message
+    w.stable = replace(w.stable, total=1)  # an old pod still counted
+    assert w.step().actions == ()
+    w.stable = replace(w.stable, total=0)
+    assert w.step().actions == (RestoreStableSelector(), SetStableImage("app:v2", 10))
 
 
 def test_each_step_of_a_release_costs_one_pass() -> None:
     # Two batches (a timed pause, then none) and promotion: start + batch 1, batch 1 ready, pause over +
-    # batch 2, batch 2 ready + promotion, canary removed, done.
+    # batch 2, batch 2 ready (the stable scaled to nothing) + promotion started, the stable's new image,
+    # canary removed, done.
     batches = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
     w = World(spec(trafficRouting=SERVICE, batches=batches, batchSize=None, canaryWeight=None), stable=workload(replicas=2))
     w.run(until={"Succeeded"})
-    assert len(w.plans) == 6, [p.status.message for p in w.plans]
+    assert len(w.plans) == 7, [p.status.message for p in w.plans]
 
 
 def test_timed_pause_waits_exactly_and_requeues_for_the_rest() -> None:

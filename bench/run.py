@@ -343,8 +343,11 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
             kube.patch(f"{gr_path}/{name}", {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}})
             written[name] = time.time()
 
+        cpu_abort = stats.cpu()
+        abort_started = time.time()
         parallel(abort, held, workers=8)
         wait(lambda: len(watch.narrowed) >= m, 120, "all aborts narrowed", 0.2)
+        abort_wall, cpu_abort = time.time() - abort_started, stats.cpu() - cpu_abort
         watch.close()
         aborts = [watch.narrowed[h] - written[h] for h in held]
         wait(lambda: sum(1 for g in kube.list(gr_path) if g["status"]["phase"] == "Aborted") == m, 900, "aborted", 2)
@@ -369,6 +372,8 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
             "abort_p50_s": round(pct(aborts, 50), 3),
             "abort_p99_s": round(pct(aborts, 99), 3),
             "cpu_s": round(cpu_release, 1),
+            "abort_cpu_s": round(cpu_abort, 2),
+            "abort_wall_s": round(abort_wall, 2),
             "peak_rss_mib": round(stats.peak_rss / 2**20, 1),
             "requests_per_release": per_release,
             "api_latency_ms": api_ms,
@@ -464,6 +469,7 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
             f"| transition lag beyond the pause, p50 / p99 | {r['lag_p50_s']} s / {r['lag_p99_s']} s |",
             f"| the same, after the timed pauses only (batch 1), p50 / p99 | {r['timed_lag_p50_s']} s / {r['timed_lag_p99_s']} s |",
             f"| abort latency ({r['abort_n']} releases at once), p50 / p99 | {r['abort_p50_s']} s / {r['abort_p99_s']} s |",
+            f"| controller CPU while the aborts were cut (first written -> last narrowed) | {r['abort_cpu_s']} s in {r['abort_wall_s']} s |",
             f"| controller CPU during the releases | {r['cpu_s']} s |",
             f"| controller peak resident memory | {r['peak_rss_mib']} MiB |",
             f"| controller API writes per batch transition (audit log, all resources) | {r['writes_per_transition']} "

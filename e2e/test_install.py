@@ -160,6 +160,7 @@ def test_the_cluster_role_has_no_wildcards(installed: list[dict[str, Any]]) -> N
         ("patch", "greyreleases.greyrelease.io/status", True),
         ("delete", "deployments.apps", True),
         ("list", "replicasets.apps", True),
+        ("watch", "services", True),
         ("create", "events", True),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", True),
         ("get", "secrets", True),

@@ -257,6 +257,18 @@ class CachingClient(KubeClient):
         self._fold(path, out)
         return out
 
+    def _deleted(self, path: str, response: Obj | None) -> None:
+        found = self._store_for(path)
+        if found is None:
+            return
+        store, _, namespace, name = found
+        meta = (response or {}).get("metadata") or {}
+        if response is not None and response.get("kind") != "Status" and meta.get("deletionTimestamp"):
+            store.fold(response)  # held by finalizers (e.g. a foreground deletion): still there, marked
+        else:
+            # Gone: no pass should see it until the watch (or a create of ours) says otherwise.
+            store.delete({"metadata": {"namespace": namespace, "name": name, "resourceVersion": meta.get("resourceVersion")}})
+
     def _fold(self, path: str, obj: Obj) -> None:
         found = self._store_for(path)
         if found is not None and obj.get("metadata"):

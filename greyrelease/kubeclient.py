@@ -165,14 +165,19 @@ class KubeClient:
     def delete(self, path: str, *, propagation: str = "Background") -> bool:
         """Delete; False when it was already gone."""
         try:
-            self.request(
+            out = self.request(
                 "DELETE",
                 path,
                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             )
-            return True
         except NotFound:
+            self._deleted(path, None)
             return False
+        self._deleted(path, out)
+        return True
+
+    def _deleted(self, path: str, response: Obj | None) -> None:
+        """Called after a DELETE with what the API server answered (None: it was not there)."""
 
 
 def path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:

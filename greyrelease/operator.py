@@ -143,7 +143,8 @@ def reconciler() -> Reconciler:
 
 async def watch_deployments(namespaces: list[str]) -> list[Reflector]:
     """One reflector per watched namespace (one for the cluster when none is named) keeping the
-    Deployments in memory, and waking the releases about each changed Deployment."""
+    Deployments in memory, and waking the releases about each changed Deployment; and one keeping the
+    Services."""
     loop = asyncio.get_running_loop()
     kube = client()
     store = Store()
@@ -157,18 +158,27 @@ async def watch_deployments(namespaces: list[str]) -> list[Reflector]:
         for ns in (namespaces or [None])
     ]
     kube.cache("/apis/apps/v1", "deployments", store, ready=lambda: all(r.synced.is_set() for r in reflectors))
+    # The Services the routers read before each write (Service mode: the user's, to narrow or restore it;
+    # the other modes: the canary Service). Without the right to list them, reads go to the API server.
+    services = Store()
+    service_reflectors = [Reflector(kube, path("", "v1", "services", ns), services).start() for ns in (namespaces or [None])]
+    kube.cache("/api/v1", "services", services, ready=lambda: all(r.synced.is_set() for r in service_reflectors))
     if not await asyncio.to_thread(wait_synced, reflectors, SYNC_TIMEOUT):
         log.warning(f"Deployments not listed within {SYNC_TIMEOUT:g}s; reading them from the API server meanwhile")
-    return reflectors
+    return reflectors + service_reflectors
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """Keeps no last-handled copy of the object. kopf would write one into an annotation on every change
-    of the spec or the annotations (a write per change for nothing): the controller's only changing
-    handler is the deletion one, and the daemon reads the object as it is, never a diff."""
+    of the spec or the annotations (a write per change for nothing), and copy the whole object on every
+    event to compare with it: the controller's only changing handler is the deletion one, and the daemon
+    reads the object as it is, never a diff. Every object is "as handled": no create or update cause."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return {}
 
     def fetch(self, *, body: kopf.Body) -> Any:
-        return self.build(body=body)  # always "as handled": no create or update cause is ever seen
+        return {}
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
         pass

@@ -718,7 +718,8 @@ def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
             # The last batch scaled the stable down (Service mode: to nothing, all traffic on the
             # canary). Its old pods go before the new image comes: given both at once, the Deployment
             # would keep old pods serving while it rolls.
-            b.set(message=f"promoting: waiting for the stable to scale down to {_stable_size(b, target)} replicas")
+            # (The message is the one the next step shows too: no status write just for this wait.)
+            b.set(message=f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}")
             b.at(b.now + timedelta(seconds=CONVERGE_POLL))
             return
         if target.image != image or target.replicas != replicas:

@@ -106,6 +106,15 @@ class FakeApi:
                 raise NotFound(404, "NotFound", path)
             return self.objects[path]
         self.rv += 1
+        if method == "DELETE":
+            if path not in self.objects:
+                raise NotFound(404, "NotFound", path)
+            gone = self.objects.pop(path)
+            meta = {**gone["metadata"], "resourceVersion": str(self.rv)}
+            if body.get("propagationPolicy") == "Foreground":  # held by the foregroundDeletion finalizer
+                meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                self.objects[path] = {**gone, "metadata": meta}
+            return {**gone, "metadata": meta}
         if method == "POST":
             created = {**body, "metadata": {**body["metadata"], "namespace": "default", "resourceVersion": str(self.rv)}}
             self.objects[f"{path}/{body['metadata']['name']}"] = created
@@ -248,3 +257,22 @@ def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: 
     reflector.stop()
     assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]
     assert version_of(reflector.store, "a") == "12"
+
+
+def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
+    kube: tuple[CachingClient, FakeApi, Store],
+) -> None:
+    client, api, store = kube
+    client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
+    client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
+    assert client.delete(f"{DEPLOYMENTS}/web") is True
+    assert store.get("default", "web") is None
+    store.fold({**obj("web", 101)})  # a late watch event of the state before the deletion
+    assert store.get("default", "web") is None
+    # Deleted in the foreground: still there, marked, until its pods are gone.
+    client.delete(f"{DEPLOYMENTS}/held", propagation="Foreground")
+    assert (store.get("default", "held") or {})["metadata"].get("deletionTimestamp")
+    # Already gone: nothing is kept either.
+    store.fold(obj("ghost", 90))
+    assert client.delete(f"{DEPLOYMENTS}/ghost") is False
+    assert store.get("default", "ghost") is None

@@ -205,7 +205,7 @@ def test_promotion_gives_the_stable_its_new_image_only_once_the_last_batch_scale
     assert plan.status.phase == "Promoting"
     assert plan.actions == (ScaleStable(0), SetWeight(100, None))
     assert [e.reason for e in plan.events] == [R.BATCH_READY, R.PROMOTING]
-    assert "waiting for the stable to scale down to 0 replicas" in plan.status.message
+    assert plan.status.message == "promoting: waiting for 10 stable pods ready on v2"
     w.stable = replace(w.stable, total=1)  # an old pod still counted
     assert w.step().actions == ()
     w.stable = replace(w.stable, total=0)

@@ -764,12 +764,15 @@ def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
 def _roll_back(
     b: _Builder, spec: GreyReleaseSpec, observed: Observed, *, end: str, reason: str, message: str
 ) -> None:
-    """Traffic to stable at once (the first action), then put the stable back and remove the canary."""
+    """Traffic to stable at once: the pass that decides it writes the weight, its Event and the status,
+    nothing else. Putting the stable back and removing the canary follow in the next pass, which is not
+    urgent: when many releases roll back at once (a burst of aborts), every one of them has its traffic
+    cut before the API server is kept busy restoring capacity."""
     b.act(SetWeight(0))
     b.set(canary_weight=0, end_phase=end)
     b.phase("RollingBack", message)
     b.event(reason, message, warning=True)
-    _rolling_back(b, spec, observed)
+    b.again(0)
 
 
 def _rolling_back(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:

@@ -423,8 +423,7 @@ def test_abort_in_every_phase_cuts_traffic_first_and_ends_aborted(phase: str) ->
     w.annotations[ABORT_ANNOTATION] = "true"
     plan = w.step()
     assert plan.actions[0] == SetWeight(0)
-    # With nothing to undo (no canary yet) the rollback completes in the same pass.
-    assert plan.status.phase in ("RollingBack", "Aborted") and plan.status.canary_weight == 0
+    assert plan.status.phase == "RollingBack" and plan.status.canary_weight == 0
     assert any(e.reason == R.ABORTED and e.type == "Warning" for e in plan.events)
     w.run(until={"Aborted"})
     assert w.canary is None
@@ -446,6 +445,10 @@ def test_rollback_keeps_canary_until_stable_is_ready() -> None:
     hold(w)  # batch 1 ready: stable 8, canary 2
     w.annotations[ABORT_ANNOTATION] = "true"
     w.pods_get_ready = False
+    plan = w.step()
+    # The deciding pass cuts the traffic and records it, nothing else; the next one restores capacity.
+    assert plan.actions == (SetWeight(0),) and plan.requeue_after == 0
+    assert plan.status.phase == "RollingBack" and plan.status.canary_weight == 0
     plan = w.step()
     assert SetStableImage("app:v1", 10) in plan.actions
     assert DeleteCanary() not in plan.actions
@@ -533,7 +536,8 @@ def test_promotion_deadline_rolls_back_to_the_original_image() -> None:
     assert w.step().status.phase == "Promoting"
     w.advance(31)
     plan = w.step()
-    assert plan.status.phase == "RollingBack"
+    assert plan.status.phase == "RollingBack" and plan.actions[-1] == SetWeight(0)
+    plan = w.step()
     assert SetStableImage("app:v1", 10) in plan.actions
     w.pods_get_ready = True
     w.stable = replace(w.stable, ready=0)

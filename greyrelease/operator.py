@@ -122,8 +122,9 @@ SYNC_TIMEOUT = 60.0
 
 def client() -> CachingClient:
     if "client" not in _state:
-        # Connections for every pass thread, and one per Deployment watch besides.
-        kube = CachingClient.from_environment(connections=RECONCILE_THREADS + 16)
+        # Connections kept for every pass thread, and for the Deployment and Service watches (two per
+        # watched namespace) besides; only those opened cost anything.
+        kube = CachingClient.from_environment(connections=RECONCILE_THREADS + 64)
         kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, RELEASES)
         _state["client"] = kube
     return _state["client"]

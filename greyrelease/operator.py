@@ -273,6 +273,7 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: floa
 def _fingerprint(body: kopf.Body) -> Any:
     meta = body.get("metadata", {})
     ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    # (kopf's diff base, which earlier versions kept on the object and which may still be there.)
     ours = {k: v for k, v in ours.items() if k not in ("greyrelease.io/last-handled-configuration",)}
     return (meta.get("generation"), tuple(sorted(ours.items())), meta.get("deletionTimestamp"))
 

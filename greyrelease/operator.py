@@ -142,31 +142,33 @@ def reconciler() -> Reconciler:
     return _state["reconciler"]
 
 
-async def watch_deployments(namespaces: list[str]) -> list[Reflector]:
-    """One reflector per watched namespace (one for the cluster when none is named) keeping the
-    Deployments in memory, and waking the releases about each changed Deployment; and one keeping the
-    Services."""
+async def watch_objects(namespaces: list[str]) -> list[Reflector]:
+    """Deployments and Services in memory: one reflector of each per watched namespace (one for the
+    cluster when none is named). A changed Deployment wakes the releases about it. The routers read a
+    Service before each write (Service mode: the user's, to narrow or restore it; the other modes: the
+    canary Service); without the right to list Services, those reads go to the API server."""
     loop = asyncio.get_running_loop()
     kube = client()
-    store = Store()
 
     def changed(kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         loop.call_soon_threadsafe(deployment_changed, meta.get("namespace", ""), meta.get("name", ""), kind)
 
-    reflectors = [
-        Reflector(kube, path("apps", "v1", "deployments", ns), store, on_change=changed).start()
-        for ns in (namespaces or [None])
-    ]
-    kube.cache("/apis/apps/v1", "deployments", store, ready=lambda: all(r.synced.is_set() for r in reflectors))
-    # The Services the routers read before each write (Service mode: the user's, to narrow or restore it;
-    # the other modes: the canary Service). Without the right to list them, reads go to the API server.
-    services = Store()
-    service_reflectors = [Reflector(kube, path("", "v1", "services", ns), services).start() for ns in (namespaces or [None])]
-    kube.cache("/api/v1", "services", services, ready=lambda: all(r.synced.is_set() for r in service_reflectors))
-    if not await asyncio.to_thread(wait_synced, reflectors, SYNC_TIMEOUT):
+    def reflect(group: str, version: str, plural: str, on_change: Any = None) -> list[Reflector]:
+        store = Store()
+        found = [
+            Reflector(kube, path(group, version, plural, ns), store, on_change=on_change).start()
+            for ns in (namespaces or [None])
+        ]
+        api = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        kube.cache(api, plural, store, ready=lambda: all(r.synced.is_set() for r in found))
+        return found
+
+    deployments = reflect("apps", "v1", "deployments", changed)
+    services = reflect("", "v1", "services")
+    if not await asyncio.to_thread(wait_synced, deployments, SYNC_TIMEOUT):
         log.warning(f"Deployments not listed within {SYNC_TIMEOUT:g}s; reading them from the API server meanwhile")
-    return reflectors + service_reflectors
+    return deployments + services
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -205,7 +207,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # the passes people ask for (abort, pause, promote, deletion) go ahead of the queue.
     pool()
     reconciler()
-    _state["reflectors"] = await watch_deployments(list(memo.get("namespaces") or []))
+    _state["reflectors"] = await watch_objects(list(memo.get("namespaces") or []))
 
 
 @kopf.on.cleanup()

@@ -24,6 +24,13 @@ RECONCILE = Histogram(
     "Duration of one reconcile pass.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+PASS_WAIT = Histogram(
+    "greyrelease_pass_wait_seconds",
+    "How long a reconcile pass waited for a thread: urgent (asked for by a person) or routine (timers,"
+    " Deployment changes; held back while aborts come in).",
+    ["kind"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10),
+)
 QUERY = Histogram(
     "greyrelease_prometheus_query_duration_seconds",
     "Duration of one Prometheus query, retries included.",

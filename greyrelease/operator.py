@@ -35,6 +35,7 @@ from . import metrics
 from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
 from .cache import CachingClient, Reflector, Store, wait_synced
 from .kubeclient import path
+from .planner import aborting
 from .pool import PassPool
 from .reconciler import Outcome, Reconciler
 
@@ -49,6 +50,11 @@ ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0)
 #: a Deployment's status several times in a row, and one pass sees them all. A deletion wakes it at once.
 DEPLOYMENT_SETTLE = 0.1
 RECONCILE_THREADS = 128
+#: While aborts come in, routine passes (capacity being restored, timers, Deployment changes) wait until
+#: none has been asked for in this long, and never longer than ABORT_HOLD_MAX: on a busy API server, a
+#: burst of aborts has every release's traffic cut before the rest of the work shares it again.
+ABORT_QUIET = 0.2
+ABORT_HOLD_MAX = 3.0
 
 Key = tuple[str, str]
 
@@ -65,6 +71,8 @@ class Registry:
         self.pending: dict[Key, asyncio.TimerHandle] = {}
         #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
         self.urgent: set[Key] = set()
+        #: Of those, the releases whose next pass cuts traffic for an abort: routine passes wait for it.
+        self.aborting: set[Key] = set()
 
     def event_for(self, key: Key) -> asyncio.Event:
         return self.wake.setdefault(key, asyncio.Event())
@@ -92,6 +100,7 @@ class Registry:
         self.wake.pop(key, None)
         self.last_seen.pop(key, None)
         self.urgent.discard(key)
+        self.aborting.discard(key)
         handle = self.pending.pop(key, None)
         if handle is not None:
             handle.cancel()
@@ -132,7 +141,12 @@ def client() -> CachingClient:
 
 def pool() -> PassPool:
     if "pool" not in _state:
-        _state["pool"] = PassPool(RECONCILE_THREADS)
+        _state["pool"] = PassPool(
+            RECONCILE_THREADS,
+            hold=ABORT_QUIET,
+            hold_max=ABORT_HOLD_MAX,
+            waited=lambda urgent, seconds: metrics.PASS_WAIT.labels("urgent" if urgent else "routine").observe(seconds),
+        )
     return _state["pool"]
 
 
@@ -218,9 +232,11 @@ async def stop_watches(**_: Any) -> None:
         _state.pop("pool").stop(wait=False)
 
 
-async def _reconcile_once(namespace: str, name: str, *, urgent: bool = False) -> Outcome | None:
+async def _reconcile_once(namespace: str, name: str, *, urgent: bool = False, abort: bool = False) -> Outcome | None:
     with metrics.RECONCILE.time():
-        outcome = await asyncio.wrap_future(pool().submit(reconciler().reconcile, namespace, name, urgent=urgent))
+        outcome = await asyncio.wrap_future(
+            pool().submit(reconciler().reconcile, namespace, name, urgent=urgent, holds_routine=abort)
+        )
     metrics.record((namespace, name), outcome.plan if outcome else None)
     # The plan's Events were posted by the reconciler, before its status write (exactly once).
     return outcome
@@ -236,11 +252,12 @@ async def release_daemon(
     try:
         while not stopped:
             wake.clear()
-            urgent = key in REGISTRY.urgent
+            urgent, abort = key in REGISTRY.urgent, key in REGISTRY.aborting
             REGISTRY.urgent.discard(key)
+            REGISTRY.aborting.discard(key)
             timeout: float | None
             try:
-                outcome = await _reconcile_once(namespace, name, urgent=urgent)
+                outcome = await _reconcile_once(namespace, name, urgent=urgent, abort=abort)
                 errors = 0
                 if outcome is None:
                     return
@@ -302,6 +319,8 @@ async def release_changed(
     if REGISTRY.last_seen.get(key) != fingerprint:
         REGISTRY.last_seen[key] = fingerprint
         REGISTRY.urgent.add(key)
+        if aborting(body.get("metadata", {}).get("annotations") or {}, (body.get("status") or {}).get("phase")):
+            REGISTRY.aborting.add(key)
         REGISTRY.poke(key)
 
 

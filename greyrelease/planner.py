@@ -128,6 +128,12 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in TRUTHY
 
 
+def aborting(annotations: Mapping[str, str], phase: str | None) -> bool:
+    """Whether the next pass of a release in this phase, with these annotations, rolls it back for an
+    abort (and so cuts its traffic)."""
+    return phase in ("Initializing", "Progressing", "Paused", "Promoting") and _truthy(annotations.get(ABORT_ANNOTATION))
+
+
 def _deadline(b: _Builder, spec: GreyReleaseSpec, since: datetime | None) -> datetime:
     """``progressDeadlineSeconds`` after ``since`` (or after now, when it is not recorded)."""
     return (since or b.now) + timedelta(seconds=spec.progress_deadline_seconds)
@@ -234,9 +240,7 @@ def decide(
             b.event(R.ABORTED, "aborted before the release started", warning=True)
         else:
             _initialize(b, spec, observed)
-    elif phase in ("Initializing", "Progressing", "Paused", "Promoting") and _truthy(
-        ann.get(ABORT_ANNOTATION)
-    ):
+    elif aborting(ann, phase):
         _roll_back(b, spec, observed, end="Aborted", reason=R.ABORTED, message="aborted by annotation")
     elif phase == "Initializing":
         _initialize(b, spec, observed)

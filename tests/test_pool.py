@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -59,3 +60,99 @@ def test_stop_runs_what_is_queued_then_ends_the_threads_and_refuses_more() -> No
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError):
         PassPool(0)
+
+
+def _blocked(pool: PassPool, **kind: bool) -> tuple[threading.Event, list[float]]:
+    """Submit a pass that runs until the returned gate opens; the list gets the time it ended."""
+    gate, started, ended = threading.Event(), threading.Event(), []
+    pool.submit(lambda: (started.set(), gate.wait(10), ended.append(time.monotonic())), **kind)
+    assert started.wait(5)
+    return gate, ended
+
+
+def test_routine_passes_wait_while_an_abort_runs_and_for_the_quiet_time_after_it() -> None:
+    pool = PassPool(4, hold=0.2, hold_max=30)
+    gate, abort_ended = _blocked(pool, holds_routine=True)
+    routine = pool.submit(time.monotonic)
+    time.sleep(0.3)
+    assert not routine.done()  # three threads are free, yet the routine pass waits for the abort
+    assert pool.submit(time.monotonic, urgent=True).result(timeout=5)  # urgent ones do not wait
+    gate.set()
+    started = routine.result(timeout=5)
+    assert started - abort_ended[0] >= 0.2
+    pool.stop()
+
+
+def test_a_routine_pass_is_held_back_no_longer_than_hold_max() -> None:
+    pool = PassPool(2, hold=0.2, hold_max=0.3)
+    gate, abort_ended = _blocked(pool, holds_routine=True)
+    asked = time.monotonic()
+    started = pool.submit(time.monotonic).result(timeout=5)
+    assert started - asked >= 0.3 and not abort_ended  # it ran while the abort was still running
+    gate.set()
+    pool.stop()
+
+
+def test_only_aborts_hold_routine_passes_back() -> None:
+    pool = PassPool(2, hold=30, hold_max=30)
+    gate, _ = _blocked(pool, urgent=True)
+    assert pool.submit(time.monotonic).result(timeout=5)
+    gate.set()
+    pool.stop()
+
+
+def test_stop_holds_nothing_back() -> None:
+    pool = PassPool(2, hold=30, hold_max=30)
+    gate, _ = _blocked(pool, holds_routine=True)
+    routine = pool.submit(time.monotonic)
+    pool.stop(wait=False)
+    assert routine.result(timeout=5)
+    gate.set()
+
+
+def test_each_pass_reports_how_long_it_waited_and_its_kind() -> None:
+    waits: list[tuple[bool, float]] = []
+    pool = PassPool(1, waited=lambda urgent, seconds: waits.append((urgent, seconds)))
+    gate, _ = _blocked(pool)
+    pool.submit(int)
+    pool.submit(int, holds_routine=True)
+    time.sleep(0.1)
+    gate.set()
+    pool.stop()
+    assert [u for u, _ in waits] == [False, True, False]  # the blocker, then the abort before the routine one
+    assert waits[1][1] >= 0.1 and waits[2][1] >= 0.1
+    with pytest.raises(ValueError):
+        PassPool(1, hold=-1)
+
+
+def test_held_passes_wake_one_idle_thread_not_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    wakeups = []
+
+    class Counting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            woken = super().wait(timeout)
+            wakeups.append(self)
+            return woken
+
+    monkeypatch.setattr(threading, "Condition", Counting)
+    pool = PassPool(64, hold=0.1, hold_max=0.3)
+    time.sleep(0.2)  # every thread is idle, waiting
+    gate, _ = _blocked(pool, holds_routine=True)
+    held = []
+    for _ in range(20):
+        held.append(pool.submit(time.monotonic))
+        time.sleep(0.01)
+    assert all(f.result(timeout=5) for f in held)  # each let go by hold_max, while the abort runs
+    gate.set()
+    pool.stop()
+    # Each submission and each pass taken wake one thread, and one thread waits for the time the next held
+    # pass may start: a few wake-ups per pass, then 64 for the stop; not one per waiting thread per pass.
+    woken = sum(1 for cond in wakeups if cond is pool._cond)
+    assert woken < 64 + 5 * len(held), woken  # (it was about 660 while every idle thread waited for that time)
+
+
+def test_a_failing_wait_report_costs_neither_the_pass_nor_the_thread() -> None:
+    pool = PassPool(1, waited=lambda urgent, seconds: 1 / 0)
+    assert pool.submit(lambda: 7).result(timeout=5) == 7
+    assert pool.submit(lambda: 8).result(timeout=5) == 8
+    pool.stop()

@@ -82,28 +82,46 @@ def test_forgetting_a_release_cancels_its_pending_wakeup() -> None:
 
 
 def test_a_person_s_change_makes_the_next_pass_urgent_and_our_status_writes_do_not() -> None:
+    abort = {"greyrelease.io/abort": "true"}
+    bodies = (
+        obj(1, {}),  # first sight (a new release)
+        obj(2, {}, {"phase": "Progressing"}),  # a status write of our own
+        obj(3, abort, {"phase": "Progressing"}),  # an abort: its pass cuts traffic
+        obj(4, abort, {"phase": "Aborted"}),  # our status write after it
+        obj(5, abort, {"phase": "Aborted"}, generation=2),  # a new version: urgent, nothing to cut
+        obj(6, abort),  # (a release aborted before it started has no traffic to cut either)
+    )
+    assert seen(bodies) == [
+        (True, False), (False, False), (True, True), (False, False), (True, False), (True, False),
+    ]  # fmt: skip
+
+
+def obj(rv: int, annotations: dict[str, str], status: dict | None = None, generation: int = 1) -> dict:
+    meta = {"name": "web", "namespace": "shop", "uid": "u1", "generation": generation, "resourceVersion": str(rv),
+            "annotations": annotations}  # fmt: skip
+    return {"metadata": meta, "spec": {}, "status": status or {}}
+
+
+def seen(bodies: tuple[dict, ...]) -> list[tuple[bool, bool]]:
+    """Feeds the release's watch events through the operator's handler; after each, whether its next
+    pass is urgent and whether it cuts traffic for an abort (which holds routine passes back)."""
     from greyrelease.cache import Store
 
-    def obj(rv: int, annotations: dict[str, str], status: dict | None = None) -> dict:
-        meta = {"name": "web", "namespace": "shop", "uid": "u1", "generation": 1, "resourceVersion": str(rv),
-                "annotations": annotations}  # fmt: skip
-        return {"metadata": meta, "spec": {}, "status": status or {}}
-
-    async def run() -> list[bool]:
+    async def run() -> list[tuple[bool, bool]]:
         r = Registry()
         operator.REGISTRY, saved = r, operator.REGISTRY
         operator.RELEASES, saved_store = Store(), operator.RELEASES
-        seen = []
+        out = []
         try:
-            for body in (obj(1, {}), obj(2, {}, {"phase": "Progressing"}), obj(3, {"greyrelease.io/abort": "true"})):
+            for body in bodies:
                 r.urgent.clear()
+                r.aborting.clear()
                 await operator.release_changed(
                     body=body, event={"type": "MODIFIED", "object": body}, name="web", namespace="shop", type="MODIFIED"
                 )
-                seen.append(RELEASE in r.urgent)
+                out.append((RELEASE in r.urgent, RELEASE in r.aborting))
         finally:
             operator.REGISTRY, operator.RELEASES = saved, saved_store
-        return seen
+        return out
 
-    # First sight (a new release), a status write of our own, then an abort annotation.
-    assert asyncio.run(run()) == [True, False, True]
+    return asyncio.run(run())

@@ -51,8 +51,8 @@ ERROR_BACKOFF = (1.0, 2.0, 5.0, 10.0)
 DEPLOYMENT_SETTLE = 0.1
 RECONCILE_THREADS = 128
 #: While aborts come in, routine passes (capacity being restored, timers, Deployment changes) wait until
-#: none has been asked for in this long, and never longer than ABORT_HOLD_MAX: on a busy API server, a
-#: burst of aborts has every release's traffic cut before the rest of the work shares it again.
+#: the last abort pass ended this long ago, and never longer than ABORT_HOLD_MAX: on a busy API server, a
+#: burst of aborts gets the releases' traffic cut before the rest of the work shares it again.
 ABORT_QUIET = 0.2
 ABORT_HOLD_MAX = 3.0
 

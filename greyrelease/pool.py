@@ -8,8 +8,8 @@ that queue: it takes the next free thread. Among passes of one kind, the first a
 Some urgent passes also hold routine ones back (`holds_routine`, the passes that cut traffic for an
 abort): in a burst of aborts, the passes that restore capacity and move other releases along would
 otherwise share the API server with the writes that cut traffic. A routine pass then waits until no such
-pass is queued or running and none was asked for in the last `hold` seconds, and never longer than
-`hold_max` for that.
+pass is queued or running and the last one ended `hold` seconds ago, and never longer than `hold_max`
+after it was asked for.
 """
 
 from __future__ import annotations

@@ -71,6 +71,8 @@ class Registry:
         self.pending: dict[Key, asyncio.TimerHandle] = {}
         #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
         self.urgent: set[Key] = set()
+        #: Of those, the releases whose next pass cuts traffic for an abort: routine passes wait for it.
+        self.aborting: set[Key] = set()
 
     def event_for(self, key: Key) -> asyncio.Event:
         return self.wake.setdefault(key, asyncio.Event())
@@ -98,6 +100,7 @@ class Registry:
         self.wake.pop(key, None)
         self.last_seen.pop(key, None)
         self.urgent.discard(key)
+        self.aborting.discard(key)
         handle = self.pending.pop(key, None)
         if handle is not None:
             handle.cancel()
@@ -249,11 +252,12 @@ async def release_daemon(
     try:
         while not stopped:
             wake.clear()
-            urgent = key in REGISTRY.urgent
+            urgent, abort = key in REGISTRY.urgent, key in REGISTRY.aborting
             REGISTRY.urgent.discard(key)
+            REGISTRY.aborting.discard(key)
             timeout: float | None
             try:
-                outcome = await _reconcile_once(namespace, name, urgent=urgent, abort=_aborting(namespace, name))
+                outcome = await _reconcile_once(namespace, name, urgent=urgent, abort=abort)
                 errors = 0
                 if outcome is None:
                     return
@@ -315,13 +319,9 @@ async def release_changed(
     if REGISTRY.last_seen.get(key) != fingerprint:
         REGISTRY.last_seen[key] = fingerprint
         REGISTRY.urgent.add(key)
+        if aborting(body.get("metadata", {}).get("annotations") or {}, (body.get("status") or {}).get("phase")):
+            REGISTRY.aborting.add(key)
         REGISTRY.poke(key)
-
-
-def _aborting(namespace: str, name: str) -> bool:
-    """Whether the release's next pass cuts its traffic for an abort (so routine passes wait for it)."""
-    body = RELEASES.get(namespace, name) or {}
-    return aborting(body.get("metadata", {}).get("annotations") or {}, (body.get("status") or {}).get("phase"))
 
 
 def deployment_changed(namespace: str, name: str, type: str) -> None:

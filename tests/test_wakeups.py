@@ -115,10 +115,11 @@ def seen(bodies: tuple[dict, ...]) -> list[tuple[bool, bool]]:
         try:
             for body in bodies:
                 r.urgent.clear()
+                r.aborting.clear()
                 await operator.release_changed(
                     body=body, event={"type": "MODIFIED", "object": body}, name="web", namespace="shop", type="MODIFIED"
                 )
-                out.append((RELEASE in r.urgent, operator._aborting("shop", "web")))
+                out.append((RELEASE in r.urgent, RELEASE in r.aborting))
         finally:
             operator.REGISTRY, operator.RELEASES = saved, saved_store
         return out

@@ -72,6 +72,9 @@ class Registry:
         #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
         self.urgent: set[Key] = set()
         #: Of those, the releases whose next pass cuts traffic for an abort: routine passes wait for it.
+        #: Marked from the watch event that brought the annotation, not derived from the stored release
+        #: before each pass: that copy can still show the phase from before the abort's own status write,
+        #: which would make the pass after it (restoring capacity) hold routine passes back too.
         self.aborting: set[Key] = set()
 
     def event_for(self, key: Key) -> asyncio.Event:

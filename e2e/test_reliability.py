@@ -247,12 +247,23 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
             if deployment(cluster, namespace, f"{p.name}-canary") is not None:
                 problems.append(f"{p.name}: canary Deployment left")
 
-        def all_ready() -> bool:
+        def unready() -> dict[str, tuple[int, int | None, int]]:
+            """The stables not ready at full size: (wanted, spec.replicas, readyReplicas)."""
             items = cluster.kubectl_json("get", "deployments", "-n", namespace)["items"]
-            have = {d["metadata"]["name"]: (d.get("status") or {}).get("readyReplicas") or 0 for d in items}
-            return all(have.get(p.name) == p.replicas for p in plans)
+            have = {d["metadata"]["name"]: d for d in items}
+            out = {}
+            for p in plans:
+                d = have.get(p.name) or {}
+                ready = (d.get("status") or {}).get("readyReplicas") or 0
+                if ready != p.replicas:
+                    out[p.name] = (p.replicas, (d.get("spec") or {}).get("replicas"), ready)
+            return out
 
-        wait_for(all_ready, 60, "every stable ready at full size", 0.5)
+        try:
+            wait_for(lambda: not unready(), 60, "every stable ready at full size", 0.5)
+        except AssertionError as err:
+            # Say which, and what else was wrong, so a run that fails here can be told apart from a slow cluster.
+            raise AssertionError(f"{err}: {unready()}\n" + "\n".join(problems) + f"\n(seed {seed})") from None
         left = wait_no_leftovers(cluster, namespace)
         FIGURES.update(crash_releases=len(plans), crash_kills=chaos.kills, crash_seed=seed,
                        crash_aborted=sum(p.abort_after is not None for p in plans), crash_leaks=len(left))  # fmt: skip

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all venv deps system-deps binaries crds test unit e2e demo cluster-up cluster-down clean bench
+.PHONY: all venv deps system-deps binaries crds check test unit e2e demo cluster-up cluster-down clean bench
 
 all: test
 
@@ -37,6 +37,13 @@ deps: venv system-deps binaries
 crds: venv
 	$(PY) -m greyrelease crd -o crds/greyrelease.io_greyreleases.yaml
 	cp crds/greyrelease.io_greyreleases.yaml config/crd/greyrelease.io_greyreleases.yaml
+
+# Types (mypy --strict on the package), lint (ruff) and layers (import-linter: the decision core imports
+# no I/O module). Configured in pyproject.toml.
+check: venv
+	$(VENV)/bin/ruff check greyrelease tests e2e bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 unit: venv
 	$(PY) -m pytest tests -q

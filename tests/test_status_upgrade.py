@@ -1,0 +1,106 @@
+"""Statuses written by an earlier controller keep working: the same decisions, the same stored form.
+
+``fixtures/decisions_before_batch_state.jsonl`` holds 128 calls of ``decide`` recorded from the controller
+as it was before the status had a ``batchState`` (releases driven through ``tests/world.py``: timed and
+manual pauses, analysis, abort, retry, deadlines, a lost canary, a deleted target, a restart, deletion,
+invalid specs). Each line is one call: the spec, the status as the API server stored it (no null
+field), what was observed, the time, and the plan that came out. A line without ``status`` was planned
+from the status the line before it produced.
+
+Replayed on the code of today, every call must give the same actions, Events, wake-up and status, apart
+from the fields added since (listed in ``NEW_FIELDS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from greyrelease.analysis import Check, Sample
+from greyrelease.api import GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.planner import Observed, Workload, decide
+
+FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
+#: Status fields the earlier controller did not write.
+NEW_FIELDS: frozenset[str] = frozenset()
+
+
+def _stored(value: Any) -> Any:
+    """``value`` without its null fields, at any depth (how the API server stores a status)."""
+    if isinstance(value, dict):
+        return {k: _stored(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_stored(v) for v in value]
+    return value
+
+
+def _cases() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    previous: dict[str, Any] = {}
+    for line in FIXTURE.read_text().splitlines():
+        case = json.loads(line)
+        if "status" not in case:
+            case["status"] = previous[case["scenario"]]
+        previous[case["scenario"]] = case["plan"]["status"]
+        out.append(case)
+    return out
+
+
+CASES = _cases()
+
+
+def _workload(d: dict[str, Any] | None) -> Workload | None:
+    return None if d is None else Workload(**{**d, "containers": tuple(d["containers"])})
+
+
+def _observed(d: dict[str, Any]) -> Observed:
+    def sample(s: dict[str, Any] | None) -> Sample | None:
+        return None if s is None else Sample(**s)
+
+    return Observed(
+        candidates=tuple(w for w in map(_workload, d["candidates"]) if w is not None),
+        canary=_workload(d["canary"]),
+        annotations=d["annotations"],
+        generation=d["generation"],
+        uid=d["uid"],
+        deleting=d["deleting"],
+        deletion_started=datetime.fromisoformat(d["deletionStarted"]) if d["deletionStarted"] else None,
+        routing_error=d["routingError"],
+        checks=tuple(Check(c["metric"], Sample(**c["canary"]), sample(c["stable"])) for c in d["checks"]),
+    )
+
+
+def _dump(status: GreyReleaseStatus) -> dict[str, Any]:
+    out: dict[str, Any] = _stored(status.model_dump(by_alias=True, mode="json"))
+    return {k: v for k, v in out.items() if k not in NEW_FIELDS}
+
+
+def test_the_fixture_covers_every_phase_and_both_sides_of_a_batch() -> None:
+    seen = {(c["status"].get("phase"), bool(c["status"].get("batchReadyAt"))) for c in CASES}
+    for phase in ("Progressing", "Paused"):
+        assert (phase, True) in seen and (phase, False) in seen, phase
+    phases = {p for p, _ in seen}
+    assert phases >= {None, "Initializing", "Promoting", "RollingBack", "Succeeded", "Aborted", "Failed", "InvalidSpec"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_an_old_status_reads_back_as_it_was_stored(case: dict[str, Any]) -> None:
+    assert _dump(GreyReleaseStatus.model_validate(case["status"])) == case["status"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_an_old_status_is_planned_on_as_before(case: dict[str, Any]) -> None:
+    spec = GreyReleaseSpec.model_validate(case["spec"])
+    status = GreyReleaseStatus.model_validate(case["status"])
+    now = datetime.fromisoformat(case["now"])
+    plan = decide(spec, status, _observed(case["observed"]), now)
+    want = case["plan"]
+    actions = [{"type": type(a).__name__, **dataclasses.asdict(a)} for a in plan.actions]
+    assert json.loads(json.dumps(actions)) == want["actions"]
+    assert [dataclasses.asdict(e) for e in plan.events] == want["events"]
+    assert (plan.requeue_after, plan.done) == (want["requeueAfter"], want["done"])
+    assert _dump(plan.status) == want["status"]

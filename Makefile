@@ -36,7 +36,6 @@ deps: venv system-deps binaries
 
 crds: venv
 	$(PY) -m greyrelease crd -o crds/greyrelease.io_greyreleases.yaml
-	cp crds/greyrelease.io_greyreleases.yaml config/crd/greyrelease.io_greyreleases.yaml
 
 # Types (mypy --strict on the package), lint (ruff) and layers (import-linter: the decision core imports
 # no I/O module). Configured in pyproject.toml.

@@ -39,7 +39,7 @@ import urllib3
 from e2e.cluster import Cluster, LocalCluster, external_cluster, free_port
 from e2e.controller import CRD
 from greyrelease.kubeclient import KubeClient, path
-from greyrelease.planner import parse_time
+from greyrelease.api import parse_time
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = os.environ.get("GREYRELEASE_BENCH_PROFILE") == "1"

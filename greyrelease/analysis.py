@@ -27,9 +27,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .api import Analysis, Metric, MetricStatus, parse_duration
-
-PASS, FAIL, NO_DATA, ERROR = "Pass", "Fail", "NoData", "Error"
+from .api import Analysis, CheckVerdict, Metric, MetricStatus, Phase, parse_duration
 
 
 @dataclass(frozen=True)
@@ -68,42 +66,42 @@ def _fmt(value: float | None) -> str:
     return "no data" if value is None else f"{value:.4g}"
 
 
-def judge(metric: Metric, check: Check) -> tuple[str, str]:
+def judge(metric: Metric, check: Check) -> tuple[CheckVerdict, str]:
     """The verdict of one check and why."""
     canary = check.canary
     if canary.error:
-        return ERROR, f"query failed: {canary.error}"
+        return CheckVerdict.ERROR, f"query failed: {canary.error}"
     if canary.value is None or math.isnan(canary.value):
         if metric.on_no_data == "fail":
-            return FAIL, "no data (onNoData: fail)"
+            return CheckVerdict.FAIL, "no data (onNoData: fail)"
         if metric.on_no_data == "pass":
-            return PASS, "no data (onNoData: pass)"
-        return NO_DATA, "no data yet (onNoData: wait)"
+            return CheckVerdict.PASS, "no data (onNoData: pass)"
+        return CheckVerdict.NO_DATA, "no data yet (onNoData: wait)"
     value = canary.value
     rng = metric.threshold_range
     if rng is not None:
         if rng.min is not None and value < rng.min:
-            return FAIL, f"{_fmt(value)} < min {rng.min:g}"
+            return CheckVerdict.FAIL, f"{_fmt(value)} < min {rng.min:g}"
         if rng.max is not None and value > rng.max:
-            return FAIL, f"{_fmt(value)} > max {rng.max:g}"
+            return CheckVerdict.FAIL, f"{_fmt(value)} > max {rng.max:g}"
     if metric.compare is not None:
         stable = check.stable
         if stable is None or stable.error:
-            return ERROR, f"stable query failed: {stable.error if stable else 'not run'}"
+            return CheckVerdict.ERROR, f"stable query failed: {stable.error if stable else 'not run'}"
         if stable.value is None or math.isnan(stable.value):
             base = metric.compare.floor
         else:
             base = max(stable.value, metric.compare.floor)
         limit = base * (1 + metric.compare.max_increase)
         if value > limit:
-            return FAIL, (
+            return CheckVerdict.FAIL, (
                 f"{_fmt(value)} > stable {_fmt(stable.value)} x {1 + metric.compare.max_increase:g} "
                 f"= {limit:.4g}"
             )
-    return PASS, f"{_fmt(value)} ok"
+    return CheckVerdict.PASS, f"{_fmt(value)} ok"
 
 
-def fold(metric: Metric, status: MetricStatus | None, check: Check, now: str) -> MetricStatus:
+def fold(metric: Metric, status: MetricStatus | None, check: Check, now: datetime) -> MetricStatus:
     """The metric's status after one more check."""
     verdict, why = judge(metric, check)
     old = status or MetricStatus(name=metric.name)
@@ -114,9 +112,9 @@ def fold(metric: Metric, status: MetricStatus | None, check: Check, now: str) ->
         verdict=verdict,
         message=why,
         checked_at=now,
-        successes=old.successes + (verdict == PASS),
-        failures=old.failures + (verdict == FAIL),
-        consecutive_errors=old.consecutive_errors + 1 if verdict == ERROR else 0,
+        successes=old.successes + (verdict == CheckVerdict.PASS),
+        failures=old.failures + (verdict == CheckVerdict.FAIL),
+        consecutive_errors=old.consecutive_errors + 1 if verdict == CheckVerdict.ERROR else 0,
     )
 
 
@@ -155,14 +153,19 @@ def interval(analysis: Analysis) -> float:
 
 def next_check_at(analysis: Analysis, statuses: list[MetricStatus], live_since: datetime) -> datetime:
     """When the metrics are checked next: one interval after the last check, or after the batch went live."""
-    last = [datetime.fromisoformat(s.checked_at.replace("Z", "+00:00")) for s in statuses if s.checked_at]
-    base = max([*last, live_since])
+    base = max([*(s.checked_at for s in statuses if s.checked_at), live_since])
     return base + timedelta(seconds=interval(analysis))
 
 
-def due(analysis: Analysis | None, *, phase: str | None, batch_ready_at: str | None, statuses: list[MetricStatus], now: datetime) -> bool:
+def due(
+    analysis: Analysis | None,
+    *,
+    phase: str | None,
+    batch_ready_at: datetime | None,
+    statuses: list[MetricStatus],
+    now: datetime,
+) -> bool:
     """Whether the metrics should be queried in this pass: a live batch whose next check time has come."""
-    if analysis is None or phase != "Progressing" or not batch_ready_at:
+    if analysis is None or phase != Phase.PROGRESSING or batch_ready_at is None:
         return False
-    live_since = datetime.fromisoformat(batch_ready_at.replace("Z", "+00:00"))
-    return now >= next_check_at(analysis, statuses, live_since)
+    return now >= next_check_at(analysis, statuses, batch_ready_at)

@@ -10,9 +10,24 @@ needs the cluster (how many replicas the target has) is checked by the planner, 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+#: A Kubernetes object as JSON (what the API server sends and takes).
+Obj = dict[str, Any]
 
 GROUP = "greyrelease.io"
 VERSION = "v1"
@@ -333,18 +348,89 @@ class GreyReleaseSpec(_Camel):
         return self
 
 
-Phase = Literal[
-    "Initializing",
-    "Progressing",
-    "Paused",
-    "Promoting",
-    "Succeeded",
-    "RollingBack",
-    "Aborted",
-    "Failed",
-    "InvalidSpec",
+class Phase(StrEnum):
+    """Where a release is. The values are what the status stores (``kubectl get gr`` shows them)."""
+
+    INITIALIZING = "Initializing"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    PROMOTING = "Promoting"
+    SUCCEEDED = "Succeeded"
+    ROLLING_BACK = "RollingBack"
+    ABORTED = "Aborted"
+    FAILED = "Failed"
+    INVALID_SPEC = "InvalidSpec"
+
+
+TERMINAL_PHASES: frozenset[str] = frozenset({Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC})
+#: What the message of a batch waiting for ``greyrelease.io/promote`` says.
+WAITING_TEXT = "waiting for approval"
+#: The phases in which a batch is under way, and so has a :class:`BatchState`.
+BATCH_PHASES: frozenset[Phase] = frozenset({Phase.PROGRESSING, Phase.PAUSED})
+
+
+class BatchState(StrEnum):
+    """Where the current batch is, while the release is Progressing (or Paused)."""
+
+    #: The canary grows to the batch's size; the traffic is still that of the batch before.
+    UPSCALING = "Upscaling"
+    #: The canary is ready and has the batch's traffic; its pause and analysis run.
+    VERIFYING = "Verifying"
+    #: As Verifying, with ``pause: manual``: the batch waits for ``greyrelease.io/promote``.
+    WAITING_FOR_APPROVAL = "WaitingForApproval"
+
+
+class CheckVerdict(StrEnum):
+    """The verdict of one metric check (see :mod:`greyrelease.analysis`)."""
+
+    PASS = "Pass"
+    FAIL = "Fail"
+    NO_DATA = "NoData"
+    ERROR = "Error"
+    PENDING = "Pending"
+
+
+def fmt_time(t: datetime) -> str:
+    """RFC 3339 in UTC to the millisecond, as every timestamp of the status is stored:
+    ``2026-01-01T12:00:00.000Z``."""
+    return t.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """A timestamp as Kubernetes writes it (RFC 3339), None when absent or unreadable; UTC when it
+    names no zone."""
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return _utc(parsed)
+
+
+def _utc(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+#: A point in time in the status: an aware datetime in Python, RFC 3339 (:func:`fmt_time`) in JSON.
+Timestamp = Annotated[AwareDatetime, PlainSerializer(fmt_time, return_type=str, when_used="json")]
+
+
+def _no_phase(value: Any) -> Any:
+    return value or None
+
+
+def _phase_text(value: Phase | None) -> str:
+    return value.value if value is not None else ""
+
+
+#: A phase or none, stored as its name or ``""`` (the stored form the field always had).
+OptionalPhase = Annotated[
+    Phase | None,
+    BeforeValidator(_no_phase),
+    PlainSerializer(_phase_text, return_type=str),
+    WithJsonSchema({"type": "string"}),
 ]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Aborted", "Failed", "InvalidSpec"})
 
 
 class Condition(_Camel):
@@ -352,16 +438,16 @@ class Condition(_Camel):
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: str = Field("", description="The phase that set it.")
     message: str = Field("", description="The release's message while the condition holds.")
-    last_transition_time: str = Field("", description="When status last changed.")
+    last_transition_time: Timestamp | None = Field(None, description="When status last changed.")
 
 
 class MetricStatus(_Camel):
     name: str = Field(description="The metric's name from spec.analysis.metrics.")
     value: float | None = Field(None, description="The canary's last value.")
     stable_value: float | None = Field(None, description="The stable track's last value (compare only).")
-    verdict: Literal["Pass", "Fail", "NoData", "Error", "Pending"] = Field("Pending", description="Of the last check.")
+    verdict: CheckVerdict = Field(CheckVerdict.PENDING, description="Of the last check.")
     message: str = Field("", description="Why the last check had its verdict.")
-    checked_at: str | None = Field(None, description="When the last check ran.")
+    checked_at: Timestamp | None = Field(None, description="When the last check ran.")
     successes: int = Field(0, description="Passing checks in this batch.")
     failures: int = Field(0, description="Failed checks in this batch.")
     consecutive_errors: int = Field(0, description="Query errors in a row.")
@@ -371,9 +457,9 @@ class BatchRecord(_Camel):
     batch: int = Field(description="The batch number, from 1.")
     canary_replicas: int = Field(0, description="Canary replicas of the batch.")
     weight: int = Field(0, description="Traffic percent of the batch.")
-    started_at: str | None = Field(None, description="When the batch began.")
-    ready_at: str | None = Field(None, description="When the canary was ready and the weight set.")
-    finished_at: str | None = Field(None, description="When the batch ended.")
+    started_at: Timestamp | None = Field(None, description="When the batch began.")
+    ready_at: Timestamp | None = Field(None, description="When the canary was ready and the weight set.")
+    finished_at: Timestamp | None = Field(None, description="When the batch ended.")
     result: str = Field("", description="passed, promoted, or how it ended.")
 
 
@@ -391,6 +477,11 @@ class GreyReleaseStatus(_Camel):
     phase: Phase | None = Field(None, description="Where the release is (see How a release moves).")
     message: str = Field("", description="What the release is doing or why it stopped, in words.")
     batch: str = Field("", description="currentBatch/totalBatches, for kubectl get.")
+    batch_state: BatchState | None = Field(
+        None,
+        description="While Progressing or Paused: Upscaling (the canary grows), Verifying (live: pause and "
+        "analysis run) or WaitingForApproval (live, waiting for greyrelease.io/promote).",
+    )
     current_batch: int = Field(0, description="The batch in progress, from 1.")
     total_batches: int = Field(0, description="Batches in the plan.")
     canary_weight: int = Field(0, description="Percent of traffic set for the canary.")
@@ -399,7 +490,7 @@ class GreyReleaseStatus(_Camel):
     stable_version: str = Field("", description="The version the stable Deployment runs.")
     target_version: str = Field("", description="The version being released (spec.targetVersion as seen).")
     target_name: str = Field("", description="The Deployment being released.")
-    end_phase: str = Field("", description="While RollingBack: the phase it ends in (Aborted or Failed).")
+    end_phase: OptionalPhase = Field(None, description="While RollingBack: the phase it ends in (Aborted or Failed).")
     stable_pod_template_hash: str = Field(
         "", description="pod-template-hash of the stable ReplicaSet, used to narrow Service selectors."
     )
@@ -407,16 +498,33 @@ class GreyReleaseStatus(_Camel):
         default_factory=Restore, description="What the release changed on the user's objects, to put back."
     )
     observed_generation: int = Field(0, description="The metadata.generation this status was planned from.")
-    phase_started_at: str | None = Field(None, description="When the current phase began.")
-    batch_started_at: str | None = Field(None, description="When the current batch began (its deadline counts from here).")
-    batch_ready_at: str | None = Field(None, description="When the current batch went live (canary ready, weight set).")
-    next_check_at: str | None = Field(None, description="When the current batch's timed pause ends.")
+    phase_started_at: Timestamp | None = Field(None, description="When the current phase began.")
+    batch_started_at: Timestamp | None = Field(None, description="When the current batch began (its deadline counts from here).")
+    batch_ready_at: Timestamp | None = Field(None, description="When the current batch went live (canary ready, weight set).")
+    next_check_at: Timestamp | None = Field(None, description="When the current batch's timed pause ends.")
     last_promotion: str = Field("", description="The last greyrelease.io/promote consumed, with its batch and time.")
     conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
     metrics: list[MetricStatus] = Field(
         default_factory=list, description="Each metric's last value, verdict and check counts in this batch."
     )
     history: list[BatchRecord] = Field(default_factory=list, description="The last batches: when, how big, how they ended.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_state_of_an_earlier_controller(cls, data: Any) -> Any:
+        """A status written before ``batchState`` existed told the batch's state otherwise: a live batch
+        had ``batchReadyAt``, and one waiting for approval said so in its message."""
+        if not isinstance(data, dict) or "batchState" in data or "batch_state" in data:
+            return data
+        if data.get("phase") not in BATCH_PHASES:
+            return data
+        if not data.get("batchReadyAt", data.get("batch_ready_at")):
+            state = BatchState.UPSCALING
+        elif WAITING_TEXT in str(data.get("message") or ""):
+            state = BatchState.WAITING_FOR_APPROVAL
+        else:
+            state = BatchState.VERIFYING
+        return {**data, "batchState": state}
 
 
 class GreyRelease(_Camel):

@@ -2,27 +2,39 @@
 
 ``decide(spec, status, observed, now)`` looks at what the release has recorded (``status``) and at what
 the cluster looks like now (``observed``) and returns a :class:`Plan`: the actions that converge the
-cluster on the current step, the new status, the events to post, and when to look again. The caller
-(:mod:`greyrelease.reconciler`) applies the actions in order, then writes the status; a controller killed
-between the two simply plans again from the old status, and every action is idempotent, so no batch is
-skipped or repeated.
+cluster, the new status, the events to post, and when to look again. The caller applies the actions in
+order, then writes the status; a controller killed between the two plans again from the old status, and
+every action is idempotent, so no batch is skipped or repeated.
 
-Each call advances at most one step. A transition (batch ready, next batch, promotion...) is recorded in
-the returned status before anything of the next step is acted on.
+The state is the phase and, while a batch is under way, its ``batchState``::
 
-How a release moves::
+    (start) ──> Initializing ──> Progressing ─────────────────────────────────────> Promoting ──> Succeeded
+                (waits for the    ┌─────────────────────────────────────────────┐   stable := target,
+                 ReplicaSet)      │ batch k:  Upscaling ──> Verifying ──> next  │   weight 0, canary
+                                  │  (canary grows)  │   (live: pause,  batch   │   away
+                                  │                  └─> WaitingFor-   ──>      │
+                                  │                      Approval (promote=next)│
+                                  └─────────────────────────────────────────────┘
+                                      Paused <──> Progressing (the batch keeps its state)
 
-    Initializing -> Progressing (batch 1..N: canary up, ready, weight, pause, gate)
-                 -> Promoting (stable := target, ready, weight 0, canary away) -> Succeeded
-    abort / deadline / failed gate / target deleted -> RollingBack -> Aborted | Failed
+    abort, a failed gate, a deadline, the target gone ──> RollingBack ──> Aborted | Failed
+    retry (Aborted, Failed) or a new targetVersion ──> start again;  deletion ──> the app restored
+
+One handler per state, found in :data:`HANDLERS`. A handler plans what its state needs and either waits
+(for pods, a timer, an annotation: the pass ends) or moves to another state and lets that state's handler
+go on in the same pass, against the world as the actions planned so far will leave it (:func:`project`),
+never against the actions themselves. A pass verifies at most one batch: once a finished batch's successor
+is live, the pass ends and the next one looks again at once. Requests that cut across every state (an
+abort, a new version, a retry, the deletion) are looked at before the state's handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any, TypeVar
 
 from . import reasons as R
 from .actions import (
@@ -39,19 +51,27 @@ from .actions import (
     SetStableImage,
     SetWeight,
 )
+from .analysis import Check, Verdict, fold, next_check_at
+from .analysis import verdict as judge_metrics
 from .api import (
     ABORT_ANNOTATION,
+    BATCH_PHASES,
     PAUSE_ANNOTATION,
     PROMOTE_ANNOTATION,
     RETRY_ANNOTATION,
     TERMINAL_PHASES,
+    WAITING_TEXT,
     BatchRecord,
+    BatchState,
+    CheckVerdict,
     Condition,
     GreyReleaseSpec,
     GreyReleaseStatus,
+    MetricStatus,
+    Phase,
     Restore,
+    fmt_time,
 )
-from .analysis import ERROR, FAIL, Check, Verdict, fold, next_check_at, verdict as judge_metrics
 from .batches import MANUAL, PlanError, Step, expand
 from .images import target_image, version_of
 
@@ -61,9 +81,11 @@ CONVERGE_POLL = 10.0
 #: How often a release that cannot start (its Deployment is missing) looks again.
 INVALID_POLL = 30.0
 HISTORY_LIMIT = 20
-WAITING_TEXT = "waiting for approval"
 TRUTHY = {"true", "yes", "1", "y", "on"}
 FALSY = {"false", "no", "0", "n", "off"}
+_T = TypeVar("_T")
+#: More state changes in one pass than any path through the machine takes: a loop is a bug.
+MAX_TRANSITIONS = 16
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,18 @@ class Workload:
             and self.total == replicas
         )
 
+    def settling(self) -> bool:
+        """A change of its spec has not landed yet: not observed, or old pods still there."""
+        return self.observed_generation < self.generation or self.total > self.replicas
+
+    def respec(self, **changes: Any) -> Workload:
+        """This Deployment once its spec is changed so: a new generation, not yet observed; the pods
+        are the ones there were."""
+        mine = self.__dict__
+        if all(mine[k] == v for k, v in changes.items()):
+            return self
+        return _evolve(self, generation=self.generation + 1, **changes)
+
 
 @dataclass(frozen=True)
 class Observed:
@@ -113,15 +147,44 @@ class Observed:
     routing_error: str = ""  # the router cannot work with what it found (e.g. a Service is missing)
     checks: tuple[Check, ...] = ()  # metric samples taken in this pass (only when a check was due)
 
+    @property
+    def target(self) -> Workload | None:
+        """The one Deployment the spec names, if exactly one."""
+        return self.candidates[0] if len(self.candidates) == 1 else None
 
-def fmt_time(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    @property
+    def own_canary(self) -> Workload | None:
+        """The canary Deployment, if this release owns it."""
+        return self.canary if self.canary is not None and self.canary.owner_uid == self.uid else None
 
 
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+def _evolve(obj: _T, **changes: Any) -> _T:
+    """``dataclasses.replace`` for the frozen dataclasses here, without running ``__init__`` (they
+    validate nothing): the projection copies a Workload and the Observed for most actions of every pass,
+    and ``replace`` costs about 4 us on a 15-field frozen dataclass, a sixth of a whole ``decide``."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
+
+
+def project(world: Observed, action: Action) -> Observed:
+    """The world as a later state of the same pass sees it once ``action`` is applied: Deployment specs
+    and annotations change at once, pods do not (they are the ones observed)."""
+    match action:
+        case EnsureCanary(replicas=r, image=image):
+            canary = world.canary or Workload(name="", owner_uid=world.uid, observed_generation=0)
+            return _evolve(world, canary=canary.respec(replicas=r, image=image))
+        case ScaleStable(replicas=r) if world.target is not None:
+            return _evolve(world, candidates=(world.target.respec(replicas=r),))
+        case SetStableImage(image=image, replicas=r) if world.target is not None:
+            return _evolve(world, candidates=(world.target.respec(image=image, replicas=r),))
+        case DeleteCanary() if world.canary is not None:
+            # Deleted in the foreground: the object stays, marked, until its pods are gone.
+            return _evolve(world, canary=_evolve(world.canary, deleting=True))
+        case RemoveAnnotations(keys=keys):
+            return _evolve(world, annotations={k: v for k, v in world.annotations.items() if k not in keys})
+    # Routing actions change nothing the planner observes.
+    return world
 
 
 def _truthy(value: str | None) -> bool:
@@ -131,12 +194,10 @@ def _truthy(value: str | None) -> bool:
 def aborting(annotations: Mapping[str, str], phase: str | None) -> bool:
     """Whether the next pass of a release in this phase, with these annotations, rolls it back for an
     abort (and so cuts its traffic)."""
-    return phase in ("Initializing", "Progressing", "Paused", "Promoting") and _truthy(annotations.get(ABORT_ANNOTATION))
+    return phase in _ABORTABLE and _truthy(annotations.get(ABORT_ANNOTATION))
 
 
-def _deadline(b: _Builder, spec: GreyReleaseSpec, since: datetime | None) -> datetime:
-    """``progressDeadlineSeconds`` after ``since`` (or after now, when it is not recorded)."""
-    return (since or b.now) + timedelta(seconds=spec.progress_deadline_seconds)
+_ABORTABLE = frozenset({Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED, Phase.PROMOTING})
 
 
 def _weighted(spec: GreyReleaseSpec) -> bool:
@@ -145,24 +206,50 @@ def _weighted(spec: GreyReleaseSpec) -> bool:
     return routing is not None and routing.service is None
 
 
-class _Builder:
-    """Collects a plan. Status changes go through ``set`` so the result is one immutable status."""
+def _paused(spec: GreyReleaseSpec, world: Observed) -> bool:
+    """``spec.paused``, or a ``greyrelease.io/pause`` annotation whose value is not false."""
+    value = world.annotations.get(PAUSE_ANNOTATION)
+    return spec.paused or (value is not None and value.strip().lower() not in FALSY)
 
-    def __init__(self, status: GreyReleaseStatus, now: datetime) -> None:
+
+class Then(Enum):
+    """What a handler's state does after it: waits (the pass ends) or lets the next state go on."""
+
+    WAIT = "wait"
+    GO_ON = "go on"
+
+
+WAIT, GO_ON = Then.WAIT, Then.GO_ON
+
+
+class _Pass:
+    """One call of :func:`decide`: the status being built, the world projected forward, what is planned."""
+
+    def __init__(self, spec: GreyReleaseSpec, status: GreyReleaseStatus, world: Observed, now: datetime) -> None:
+        self.spec = spec
         self.status = status
+        self.world = world
         self.now = now
         self.actions: list[Action] = []
         self.events: list[Event] = []
         self.requeue: float | None = None
         self.done = False
-        #: A batch was finished in this pass (the pass goes on into the next step, but only once).
-        self.advanced = False
+        self._steps: tuple[int, list[Step]] | None = None
 
     def set(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
 
+    def steps(self, replicas: int) -> list[Step]:
+        """The batches for a stable of ``replicas`` (computed once a pass: states that follow each other
+        in one pass need them again). Raises :class:`PlanError`."""
+        if self._steps is None or self._steps[0] != replicas:
+            self._steps = (replicas, expand(self.spec, replicas))
+        return self._steps[1]
+
     def act(self, *actions: Action) -> None:
-        self.actions.extend(actions)
+        for action in actions:
+            self.actions.append(action)
+            self.world = project(self.world, action)
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
@@ -174,11 +261,17 @@ class _Builder:
     def at(self, when: datetime) -> None:
         self.again((when - self.now).total_seconds())
 
-    def phase(self, phase: str, message: str) -> None:
+    def phase(self, phase: Phase, message: str) -> None:
         changes: dict[str, Any] = {"phase": phase, "message": message}
         if phase != self.status.phase:
-            changes["phase_started_at"] = fmt_time(self.now)
+            changes["phase_started_at"] = self.now
+        if phase not in BATCH_PHASES:
+            changes["batch_state"] = None
         self.set(**changes)
+
+    def deadline(self, since: datetime | None) -> datetime:
+        """``progressDeadlineSeconds`` after ``since`` (or after now, when it is not recorded)."""
+        return (since or self.now) + timedelta(seconds=self.spec.progress_deadline_seconds)
 
     def history(self, batch: int, **changes: Any) -> None:
         records = list(self.status.history)
@@ -191,12 +284,11 @@ class _Builder:
         self.set(history=records[-HISTORY_LIMIT:])
 
     def build(self, generation: int) -> Plan:
-        status = self.status.model_copy(
+        st = self.status
+        status = st.model_copy(
             update={
                 "observed_generation": generation,
-                "batch": f"{self.status.current_batch}/{self.status.total_batches}"
-                if self.status.total_batches
-                else "",
+                "batch": f"{st.current_batch}/{st.total_batches}" if st.total_batches else "",
             }
         )
         status = status.model_copy(update={"conditions": _conditions(status, self.now)})
@@ -209,171 +301,68 @@ class _Builder:
         )
 
 
-def decide(
-    spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed, now: datetime
-) -> Plan:
+Handler = Callable[[_Pass], Then]
+
+
+def decide(spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed, now: datetime) -> Plan:
     """Plan the next step of a release. Pure: same inputs, same plan."""
-    b = _Builder(status, now)
+    p = _Pass(spec, status, observed, now)
     if observed.deleting:
-        _cleanup(b, spec, observed)
-        return b.build(observed.generation)
+        _delete(p)
+        return p.build(observed.generation)
+    first = _request(p)
+    if first is not None and first(p) is WAIT:
+        return p.build(observed.generation)
+    _run(p)
+    return p.build(observed.generation)
 
-    ann = observed.annotations
-    phase = status.phase
-    restarting = phase is not None and status.target_version not in ("", spec.target_version)
 
-    if phase in TERMINAL_PHASES - {"InvalidSpec"} and (
-        restarting or (phase in ("Aborted", "Failed") and RETRY_ANNOTATION in ann)
+def _run(p: _Pass) -> None:
+    """The handlers of the states the release passes through, until one waits."""
+    verified = False
+    for _ in range(MAX_TRANSITIONS):
+        st = p.status
+        state = st.batch_state if st.phase in BATCH_PHASES else None
+        if st.phase == Phase.PROGRESSING and state != BatchState.UPSCALING:
+            if verified:
+                # A batch finished in this pass and the next one is live already: the next pass goes on.
+                p.again(0)
+                return
+            verified = True
+        if HANDLERS[st.phase, state](p) is WAIT:
+            return
+    raise AssertionError(f"no state waits: {p.status.phase} {p.status.batch_state}")
+
+
+def _request(p: _Pass) -> Handler | None:
+    """What a request that cuts across the states (a new version, a retry, an abort) does first; None
+    when there is none and the state's own handler runs."""
+    st, ann = p.status, p.world.annotations
+    phase = st.phase
+    new_version = phase is not None and st.target_version not in ("", p.spec.target_version)
+    if phase in (Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED) and (
+        new_version or (phase != Phase.SUCCEEDED and RETRY_ANNOTATION in ann)
     ):
-        # A new version, or a retry, starts a fresh release; the sticky abort is consumed with it.
-        b.act(RemoveAnnotations((ABORT_ANNOTATION, RETRY_ANNOTATION)))
-        if not restarting:
-            b.event(R.RETRIED, f"retrying the release of {spec.target_version}")
-        _reset(b)
-        _initialize(b, spec, observed)
-    elif restarting and phase in ("Progressing", "Paused", "Promoting", "Initializing"):
-        _restart(b, spec, observed)
-    elif phase in (None, "InvalidSpec"):
-        if _truthy(ann.get(ABORT_ANNOTATION)) and phase is None:
-            b.set(target_version=spec.target_version)
-            b.phase("Aborted", "aborted before it started; nothing was changed")
-            b.event(R.ABORTED, "aborted before the release started", warning=True)
-        else:
-            _initialize(b, spec, observed)
-    elif aborting(ann, phase):
-        _roll_back(b, spec, observed, end="Aborted", reason=R.ABORTED, message="aborted by annotation")
-    elif phase == "Initializing":
-        _initialize(b, spec, observed)
-    elif phase in ("Progressing", "Paused"):
-        _progress(b, spec, observed)
-    elif phase == "Promoting":
-        _promote(b, spec, observed)
-    elif phase == "RollingBack":
-        _rolling_back(b, spec, observed)
-    # Succeeded, Aborted, Failed: nothing to do until the spec or an annotation changes.
-    return b.build(observed.generation)
+        return _start_over
+    if new_version and phase in _ABORTABLE:
+        return _restart
+    if phase is None and _truthy(ann.get(ABORT_ANNOTATION)):
+        return _abort_before_start
+    if aborting(ann, phase):
+        return _abort
+    return None
 
 
-# --- starting -------------------------------------------------------------------------------------
+# --- requests ---------------------------------------------------------------------------------------
 
 
-def _invalid(b: _Builder, spec: GreyReleaseSpec, message: str, *, reason: str = R.INVALID_SPEC) -> None:
-    if b.status.phase != "InvalidSpec" or b.status.message != message:
-        b.event(reason, message, warning=True)
-    b.set(target_version=spec.target_version)
-    b.phase("InvalidSpec", message)
-    b.again(INVALID_POLL)
-
-
-def _resolve_target(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> Workload | None:
-    """The one Deployment the spec names, or None after marking the release InvalidSpec."""
-    found = observed.candidates
-    if not found:
-        if spec.target_ref:
-            _invalid(b, spec, f"spec.targetRef.name: Deployment {spec.target_ref.name!r} not found")
-        else:
-            _invalid(b, spec, f"spec.appName: no Deployment is labelled app={spec.app_name}")
-        return None
-    if len(found) > 1:
-        names = ", ".join(sorted(w.name for w in found))
-        _invalid(
-            b, spec, f"spec.appName: {len(found)} Deployments are labelled app={spec.app_name} ({names}); "
-            "use targetRef to pick one"
-        )
-        return None
-    target = found[0]
-    if spec.container and spec.container not in target.containers:
-        _invalid(
-            b, spec, f"spec.container: Deployment {target.name!r} has no container {spec.container!r}"
-        )
-        return None
-    return target
-
-
-def _steps(b: _Builder, spec: GreyReleaseSpec, replicas: int) -> list[Step] | None:
-    try:
-        return expand(spec, replicas)
-    except PlanError as err:
-        _invalid(b, spec, str(err))
-        return None
-
-
-def _initialize(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
-    target = _resolve_target(b, spec, observed)
-    if target is None:
-        return
-    if observed.canary is not None and observed.canary.owner_uid != observed.uid:
-        _invalid(
-            b,
-            spec,
-            f"Deployment {observed.canary.name!r} exists and is not owned by this release; "
-            "rename or delete it",
-            reason=R.CANARY_CONFLICT,
-        )
-        return
-    if observed.routing_error:
-        _invalid(b, spec, observed.routing_error, reason=R.ROUTING_ERROR)
-        return
-    restore = b.status.restore
-    replicas = restore.replicas if restore.replicas is not None else target.replicas
-    steps = _steps(b, spec, replicas)
-    if steps is None:
-        return
-    original_image = restore.image or target.image
-    image = target_image(original_image, spec.target_version)
-    if image == original_image and observed.canary is None:
-        b.set(
-            target_version=spec.target_version,
-            stable_version=version_of(original_image),
-            target_name=target.name,
-            current_batch=0,
-            total_batches=0,
-            canary_weight=0,
-            canary_replicas=0,
-            stable_replicas=target.replicas,
-        )
-        b.phase("Succeeded", f"{target.name} already runs {image}")
-        b.event(R.ALREADY_AT_TARGET, f"{target.name} already runs {image}; nothing to release")
-        return
-    if not target.template_hash:
-        # The Deployment controller has not labelled a ReplicaSet yet; look again shortly.
-        b.set(target_version=spec.target_version, target_name=target.name)
-        b.phase("Initializing", f"waiting for the ReplicaSet of {target.name}")
-        b.again(1.0)
-        return
-    now = fmt_time(b.now)
-    b.set(
-        target_version=spec.target_version,
-        stable_version=version_of(original_image),
-        target_name=target.name,
-        stable_pod_template_hash=b.status.stable_pod_template_hash or target.template_hash,
-        restore=Restore(replicas=replicas, image=original_image),
-        current_batch=1,
-        total_batches=len(steps),
-        canary_weight=0,
-        canary_replicas=0,
-        stable_replicas=target.replicas,
-        batch_started_at=now,
-        batch_ready_at=None,
-        next_check_at=None,
-        metrics=[],
-    )
-    b.phase("Progressing", f"batch 1/{len(steps)}: starting the canary")
-    b.history(1, started_at=now)
-    b.event(
-        R.RELEASE_STARTED,
-        f"releasing {image} to {target.name} in {len(steps)} batches (stable {version_of(original_image)})",
-    )
-    # The routing objects (canary Service/Ingress, stable narrowing) come before any canary pod, so the
-    # stable backend never sends traffic to a canary that copied its labels. The same pass goes on to
-    # grow the first batch (its actions come after these).
-    b.act(PrepareRouting())
-    _progress(b, spec, observed)
-
-
-def _reset(b: _Builder) -> None:
-    """Forget the last release before a new one starts."""
-    b.set(
+def _start_over(p: _Pass) -> Then:
+    """A new version, or a retry, starts a fresh release; the sticky abort is consumed with it."""
+    retry = p.status.target_version in ("", p.spec.target_version)
+    p.act(RemoveAnnotations((ABORT_ANNOTATION, RETRY_ANNOTATION)))
+    if retry:
+        p.event(R.RETRIED, f"retrying the release of {p.spec.target_version}")
+    p.set(
         restore=Restore(),
         stable_pod_template_hash="",
         current_batch=0,
@@ -384,491 +373,600 @@ def _reset(b: _Builder) -> None:
         batch_ready_at=None,
         next_check_at=None,
         last_promotion="",
-        end_phase="",
+        end_phase=None,
     )
+    return _start(p)
 
 
-def _restart(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
+def _restart(p: _Pass) -> Then:
     """A new targetVersion mid-release: traffic back to stable, then batch 1 of the new version."""
-    old = b.status.target_version
-    target = observed.candidates[0] if len(observed.candidates) == 1 else None
-    b.act(SetWeight(0))
-    restore = b.status.restore
-    if target is not None and restore.image and restore.replicas is not None:
-        if target.image != restore.image:
-            b.act(RestoreStableSelector(), SetStableImage(restore.image, restore.replicas))
-    b.event(R.RESTARTED, f"targetVersion changed from {old} to {spec.target_version}: restarting at batch 1")
-    b.set(history=[], metrics=[])
-    b.phase("Initializing", f"restarting for {spec.target_version}")
-    b.set(target_version=spec.target_version)
-    b.again(0)
+    old = p.status.target_version
+    target, restore = p.world.target, p.status.restore
+    p.act(SetWeight(0))
+    if target is not None and restore.image and restore.replicas is not None and target.image != restore.image:
+        p.act(RestoreStableSelector(), SetStableImage(restore.image, restore.replicas))
+    p.event(R.RESTARTED, f"targetVersion changed from {old} to {p.spec.target_version}: restarting at batch 1")
+    p.set(history=[], metrics=[])
+    p.phase(Phase.INITIALIZING, f"restarting for {p.spec.target_version}")
+    p.set(target_version=p.spec.target_version)
+    p.again(0)
+    return WAIT
 
 
-# --- batches --------------------------------------------------------------------------------------
+def _abort_before_start(p: _Pass) -> Then:
+    p.set(target_version=p.spec.target_version)
+    p.phase(Phase.ABORTED, "aborted before it started; nothing was changed")
+    p.event(R.ABORTED, "aborted before the release started", warning=True)
+    return WAIT
 
 
-def _paused(spec: GreyReleaseSpec, observed: Observed) -> bool:
-    """``spec.paused``, or a ``greyrelease.io/pause`` annotation whose value is not false."""
-    value = observed.annotations.get(PAUSE_ANNOTATION)
-    return spec.paused or (value is not None and value.strip().lower() not in FALSY)
+def _abort(p: _Pass) -> Then:
+    return _roll_back(p, Phase.ABORTED, R.ABORTED, "aborted by annotation")
 
 
-def _progress(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
-    st = b.status
-    if len(observed.candidates) != 1:
-        _roll_back(
-            b, spec, observed, end="Failed", reason=R.TARGET_DELETED,
-            message=f"the target Deployment {st.target_name!r} is gone",
+# --- starting ---------------------------------------------------------------------------------------
+
+
+def _invalid(p: _Pass, message: str, *, reason: str = R.INVALID_SPEC) -> Then:
+    if p.status.phase != Phase.INVALID_SPEC or p.status.message != message:
+        p.event(reason, message, warning=True)
+    p.set(target_version=p.spec.target_version)
+    p.phase(Phase.INVALID_SPEC, message)
+    p.again(INVALID_POLL)
+    return WAIT
+
+
+def _resolve_target(p: _Pass) -> Workload | str:
+    """The one Deployment the spec names, or why there is none (naming the field)."""
+    spec, found = p.spec, p.world.candidates
+    if not found:
+        if spec.target_ref:
+            return f"spec.targetRef.name: Deployment {spec.target_ref.name!r} not found"
+        return f"spec.appName: no Deployment is labelled app={spec.app_name}"
+    if len(found) > 1:
+        names = ", ".join(sorted(w.name for w in found))
+        return (
+            f"spec.appName: {len(found)} Deployments are labelled app={spec.app_name} ({names}); "
+            "use targetRef to pick one"
         )
-        return
-    target = observed.candidates[0]
-    if observed.canary is not None and observed.canary.owner_uid != observed.uid:
-        _roll_back(
-            b, spec, observed, end="Failed", reason=R.CANARY_CONFLICT,
-            message=f"Deployment {observed.canary.name!r} is not owned by this release",
+    target = found[0]
+    if spec.container and spec.container not in target.containers:
+        return f"spec.container: Deployment {target.name!r} has no container {spec.container!r}"
+    return target
+
+
+def _start(p: _Pass) -> Then:
+    """No release under way (or one that could not start): check everything, then start batch 1."""
+    spec, world = p.spec, p.world
+    target = _resolve_target(p)
+    if isinstance(target, str):
+        return _invalid(p, target)
+    if world.canary is not None and world.own_canary is None:
+        return _invalid(
+            p,
+            f"Deployment {world.canary.name!r} exists and is not owned by this release; rename or delete it",
+            reason=R.CANARY_CONFLICT,
         )
-        return
-    assert st.restore.replicas is not None and st.restore.image is not None
-    steps = _steps(b, spec, st.restore.replicas)
-    if steps is None:
-        return
-    k = min(max(st.current_batch, 1), len(steps))
-    step = steps[k - 1]
-    image = target_image(st.restore.image, spec.target_version)
-
-    paused = _paused(spec, observed)
-    if paused and st.phase != "Paused":
-        b.phase("Paused", f"batch {k}/{len(steps)}: paused")
-        b.event(R.PAUSED, f"paused at batch {k}/{len(steps)}")
-        return
-    if not paused and st.phase == "Paused":
-        b.phase("Progressing", f"batch {k}/{len(steps)}: resumed")
-        b.event(R.RESUMED, f"resumed at batch {k}/{len(steps)}")
-        if st.batch_ready_at is None:
-            # The deadline measures progress, and nothing was asked to progress while paused.
-            b.set(batch_started_at=fmt_time(b.now))
-        b.again(0)
-        return
-    if paused:
-        return
-
-    b.set(total_batches=len(steps), current_batch=k)
-    if st.batch_ready_at is not None and (observed.canary is None or observed.canary.deleting):
-        _canary_lost(b, steps, step)
-    if b.status.batch_ready_at is None:
-        at_once = _moves_on_at_once(spec, step)
-        _scale_batch(b, spec, observed, target, steps, step, image, chain=at_once)
-        if b.status.batch_ready_at is None or not at_once:
-            return
-    _hold_batch(b, spec, observed, steps, step)
-    # A finished batch is followed, in the same pass, by the next step: the next batch's canary grows, or
-    # the promotion starts. That saves a pass and a status write per transition; the actions stay in
-    # order and are idempotent, so a controller killed in between plans the same steps again.
-    if not b.advanced:
-        return
-    if b.status.phase == "Promoting":
-        _promote(b, spec, observed)
-    elif b.status.phase == "Progressing" and b.status.current_batch == k + 1:
-        _scale_batch(b, spec, observed, target, steps, steps[k], image, chain=False)
-
-
-def _moves_on_at_once(spec: GreyReleaseSpec, step: Step) -> bool:
-    """A batch without a pause and without analysis is done the moment it is ready."""
-    return not step.pause and spec.analysis is None
-
-
-def _canary_lost(b: _Builder, steps: list[Step], step: Step) -> None:
-    """The canary of a live batch was deleted (by someone else): the batch is not ready any more.
-
-    Traffic goes back to what it was before this batch, and the batch is grown again at once (the stable
-    keeps the previous batch's size meanwhile, see :func:`_scale_batch`) rather than at the next batch, so
-    the app never runs short of pods while a pause runs. Once the new canary is ready the batch goes live
-    again with a full pause and a fresh gate; its history record is the same one.
-    """
-    k, n = step.number, len(steps)
-    before = steps[k - 2] if k > 1 else None
-    b.act(SetWeight(before.weight if before else 0, before.header_match if before else None))
-    b.set(
-        batch_started_at=fmt_time(b.now),
+    if world.routing_error:
+        return _invalid(p, world.routing_error, reason=R.ROUTING_ERROR)
+    restore = p.status.restore
+    replicas = restore.replicas if restore.replicas is not None else target.replicas
+    try:
+        steps = p.steps(replicas)
+    except PlanError as err:
+        return _invalid(p, str(err))
+    original_image = restore.image or target.image
+    image = target_image(original_image, spec.target_version)
+    if image == original_image and world.canary is None:
+        p.set(
+            target_version=spec.target_version,
+            stable_version=version_of(original_image),
+            target_name=target.name,
+            current_batch=0,
+            total_batches=0,
+            canary_weight=0,
+            canary_replicas=0,
+            stable_replicas=target.replicas,
+        )
+        p.phase(Phase.SUCCEEDED, f"{target.name} already runs {image}")
+        p.event(R.ALREADY_AT_TARGET, f"{target.name} already runs {image}; nothing to release")
+        return WAIT
+    if not target.template_hash:
+        # The Deployment controller has not labelled a ReplicaSet yet; look again shortly.
+        p.set(target_version=spec.target_version, target_name=target.name)
+        p.phase(Phase.INITIALIZING, f"waiting for the ReplicaSet of {target.name}")
+        p.again(1.0)
+        return WAIT
+    p.set(
+        target_version=spec.target_version,
+        stable_version=version_of(original_image),
+        target_name=target.name,
+        stable_pod_template_hash=p.status.stable_pod_template_hash or target.template_hash,
+        restore=Restore(replicas=replicas, image=original_image),
+        current_batch=1,
+        total_batches=len(steps),
+        canary_weight=0,
+        canary_replicas=0,
+        stable_replicas=target.replicas,
+        batch_started_at=p.now,
         batch_ready_at=None,
         next_check_at=None,
-        canary_weight=before.weight if before else 0,
-        metrics=[m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0}) for m in b.status.metrics],
+        metrics=[],
+        batch_state=BatchState.UPSCALING,
     )
-    b.event(R.CANARY_LOST, f"batch {k}/{n}: the canary Deployment was deleted; recreating it", warning=True)
+    p.phase(Phase.PROGRESSING, f"batch 1/{len(steps)}: starting the canary")
+    p.history(1, started_at=p.now)
+    p.event(
+        R.RELEASE_STARTED,
+        f"releasing {image} to {target.name} in {len(steps)} batches (stable {version_of(original_image)})",
+    )
+    # The routing objects (canary Service/Ingress, stable narrowing) come before any canary pod, so the
+    # stable backend never sends traffic to a canary that copied its labels.
+    p.act(PrepareRouting())
+    return GO_ON
 
 
-def _scale_batch(
-    b: _Builder,
-    spec: GreyReleaseSpec,
-    observed: Observed,
-    target: Workload,
-    steps: list[Step],
-    step: Step,
-    image: str,
-    *,
-    chain: bool,
-) -> None:
-    """Grow the canary to the batch's size; once it is ready, move the traffic. With ``chain`` the caller
-    goes on at once with a ready batch that has no pause, so no timer is set for it here."""
-    st = b.status
-    k, n = step.number, len(steps)
-    # Until the new canary pods are ready the stable keeps the size of the batch before, so ready pods
-    # never fall below what the user asked for.
-    stable_before = steps[k - 2].stable_replicas if k > 1 else st.restore.replicas or step.stable_replicas
-    canary = observed.canary
-    ready = (
-        canary is not None
-        and not canary.deleting
-        and canary.rolled_out(step.canary_replicas, image)
+# --- a batch ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The current batch, resolved against the target."""
+
+    target: Workload
+    steps: list[Step]
+    step: Step
+    image: str  # the target version's image
+
+    @property
+    def label(self) -> str:
+        return f"batch {self.step.number}/{len(self.steps)}"
+
+
+def _batch(p: _Pass) -> _Batch | Then:
+    """The current batch; or, when it cannot go on (the target gone, the canary not ours, a spec that
+    does not fit), the rollback or InvalidSpec planned instead."""
+    st = p.status
+    target = _target(p)
+    if not isinstance(target, Workload):
+        return target
+    canary = p.world.canary
+    if canary is not None and p.world.own_canary is None:
+        return _roll_back(
+            p, Phase.FAILED, R.CANARY_CONFLICT, f"Deployment {canary.name!r} is not owned by this release"
+        )
+    assert st.restore.replicas is not None and st.restore.image is not None
+    try:
+        steps = p.steps(st.restore.replicas)
+    except PlanError as err:
+        return _invalid(p, str(err))
+    k = min(max(st.current_batch, 1), len(steps))
+    return _Batch(target, steps, steps[k - 1], target_image(st.restore.image, p.spec.target_version))
+
+
+def _target(p: _Pass) -> Workload | Then:
+    """The target Deployment; when it is gone, the rollback planned instead."""
+    target = p.world.target
+    if target is not None:
+        return target
+    return _roll_back(
+        p, Phase.FAILED, R.TARGET_DELETED, f"the target Deployment {p.status.target_name!r} is gone"
     )
-    if not ready:
-        have = 0 if canary is None or canary.image != image else min(canary.ready, canary.updated)
-        deadline = _deadline(b, spec, parse_time(st.batch_started_at))
-        if b.now >= deadline:
-            _roll_back(
-                b, spec, observed, end="Failed", reason=R.PROGRESS_DEADLINE,
-                message=f"batch {k}/{n}: {have}/{step.canary_replicas} canary pods ready after "
-                f"{spec.progress_deadline_seconds}s (progressDeadlineSeconds)",
-            )
-            return
-        b.act(EnsureCanary(replicas=step.canary_replicas, image=image, version=spec.target_version))
-        if _stable_size(b, target) != stable_before:
-            b.act(ScaleStable(stable_before))
+
+
+def _count(p: _Pass, b: _Batch) -> None:
+    """The batch numbers in the status follow the plan (the spec may have been edited)."""
+    if (p.status.total_batches, p.status.current_batch) != (len(b.steps), b.step.number):
+        p.set(total_batches=len(b.steps), current_batch=b.step.number)
+
+
+def _pause(p: _Pass, b: _Batch) -> Then:
+    if p.status.batch_state == BatchState.WAITING_FOR_APPROVAL:
+        # Paused, it waits for the resume first; the wait for approval is announced again after it.
+        p.set(batch_state=BatchState.VERIFYING)
+    p.phase(Phase.PAUSED, f"{b.label}: paused")
+    p.event(R.PAUSED, f"paused at {b.label}")
+    return WAIT
+
+
+def _on_pause(p: _Pass) -> Then:
+    """Paused: nothing moves until the pause is lifted; then the batch goes on from where it was."""
+    b = _batch(p)
+    if not isinstance(b, _Batch):
+        return b
+    if _paused(p.spec, p.world):
+        return WAIT
+    p.phase(Phase.PROGRESSING, f"{b.label}: resumed")
+    p.event(R.RESUMED, f"resumed at {b.label}")
+    if p.status.batch_state == BatchState.UPSCALING:
+        # The deadline measures progress, and nothing was asked to progress while paused.
+        p.set(batch_started_at=p.now)
+    p.again(0)
+    return WAIT
+
+
+def _upscale(p: _Pass) -> Then:
+    """Upscaling: grow the canary to the batch's size; once it is ready, move the traffic (live)."""
+    b = _batch(p)
+    if not isinstance(b, _Batch):
+        return b
+    if _paused(p.spec, p.world):
+        return _pause(p, b)
+    st, step = p.status, b.step
+    k = step.number
+    _count(p, b)
+    canary, target = p.world.canary, p.world.target
+    assert target is not None
+    if canary is None or canary.deleting or not canary.rolled_out(step.canary_replicas, b.image):
+        have = 0 if canary is None or canary.image != b.image else min(canary.ready, canary.updated)
+        deadline = p.deadline(st.batch_started_at)
+        if p.now >= deadline:
+            return _deadline_passed(p, f"{b.label}: {have}/{step.canary_replicas} canary pods ready")
+        # Until the new canary pods are ready the stable keeps the size of the batch before, so ready
+        # pods never fall below what the user asked for.
+        stable_before = b.steps[k - 2].stable_replicas if k > 1 else st.restore.replicas or step.stable_replicas
+        p.act(EnsureCanary(replicas=step.canary_replicas, image=b.image, version=p.spec.target_version))
+        if target.replicas != stable_before:
+            p.act(ScaleStable(stable_before))
         # The message does not count ready pods: it would cost a status write per pod.
-        b.set(message=f"batch {k}/{n}: waiting for {step.canary_replicas} canary pods to be ready")
-        b.at(min(deadline, b.now + timedelta(seconds=CONVERGE_POLL)))
-        return
+        p.set(message=f"{b.label}: waiting for {step.canary_replicas} canary pods to be ready")
+        p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        return WAIT
+    return _go_live(p, b)
 
-    now = fmt_time(b.now)
-    if _stable_size(b, target) != step.stable_replicas:
-        b.act(ScaleStable(step.stable_replicas))
-    b.act(SetWeight(step.weight, step.header_match))
-    next_check = None
-    if isinstance(step.pause, (int, float)):
-        next_check = fmt_time(b.now + timedelta(seconds=step.pause))
-    b.set(
-        batch_ready_at=now,
+
+def _go_live(p: _Pass, b: _Batch) -> Then:
+    """The canary is ready: the stable takes the batch's size and the canary the batch's traffic."""
+    step, target = b.step, p.world.target
+    assert target is not None
+    if target.replicas != step.stable_replicas:
+        p.act(ScaleStable(step.stable_replicas))
+    p.act(SetWeight(step.weight, step.header_match))
+    pause = float(step.pause) if isinstance(step.pause, (int, float)) else None
+    next_check = p.now + timedelta(seconds=pause) if pause is not None else None
+    manual = step.pause == MANUAL
+    p.set(
+        batch_state=BatchState.WAITING_FOR_APPROVAL if manual else BatchState.VERIFYING,
+        batch_ready_at=p.now,
         next_check_at=next_check,
         canary_weight=step.weight,
         canary_replicas=step.canary_replicas,
         stable_replicas=step.stable_replicas,
     )
-    b.history(k, canary_replicas=step.canary_replicas, weight=step.weight, ready_at=now)
-    b.event(
-        R.BATCH_READY,
-        f"batch {k}/{n}: {step.canary_replicas} canary pods ready, weight {step.weight}%",
-    )
-    b.set(message=_hold_message(k, n, step, next_check))
+    p.history(step.number, canary_replicas=step.canary_replicas, weight=step.weight, ready_at=p.now)
+    p.event(R.BATCH_READY, f"{b.label}: {step.canary_replicas} canary pods ready, weight {step.weight}%")
+    p.set(message=_hold_message(b, next_check))
+    if manual:
+        p.event(R.WAITING_FOR_APPROVAL, f"{b.label} waits for greyrelease.io/promote=next")
+        return WAIT
+    if pause is not None:
+        p.again(pause)
+        return WAIT
+    if p.spec.analysis is None:
+        return GO_ON  # neither pause nor analysis: the batch is done the moment it is live
+    p.again(0)
+    return WAIT
+
+
+def _hold_message(b: _Batch, next_check: datetime | None) -> str:
+    step = b.step
     if step.pause == MANUAL:
-        b.event(R.WAITING_FOR_APPROVAL, f"batch {k}/{n} waits for greyrelease.io/promote=next")
-    elif isinstance(step.pause, (int, float)) and step.pause > 0:
-        b.again(step.pause)
-    elif not chain:
-        b.again(0)
-
-
-def _stable_size(b: _Builder, target: Workload) -> int:
-    """The stable's replicas once this pass's actions so far are applied (a chained step plans on from
-    the earlier step's actions, not from the Deployment as it was read)."""
-    for action in reversed(b.actions):
-        if isinstance(action, (ScaleStable, SetStableImage)):
-            return action.replicas
-    return target.replicas
-
-
-def _stable_shrinking(b: _Builder, target: Workload) -> bool:
-    """This pass scales the stable, or its last scaling down has not landed yet (old pods left)."""
-    return (
-        any(isinstance(a, ScaleStable) for a in b.actions)
-        or target.observed_generation < target.generation
-        or target.total > target.replicas
-    )
-
-
-def _hold_message(k: int, n: int, step: Step, next_check: str | None) -> str:
-    if step.pause == MANUAL:
-        return (
-            f"batch {k}/{n}: weight {step.weight}%, {WAITING_TEXT} "
-            "(annotate greyrelease.io/promote=next)"
-        )
+        return f"{b.label}: weight {step.weight}%, {WAITING_TEXT} (annotate greyrelease.io/promote=next)"
     if next_check:
-        return f"batch {k}/{n}: weight {step.weight}%, pausing until {next_check}"
-    return f"batch {k}/{n}: weight {step.weight}%"
+        return f"{b.label}: weight {step.weight}%, pausing until {fmt_time(next_check)}"
+    return f"{b.label}: weight {step.weight}%"
 
 
-def _hold_batch(
-    b: _Builder, spec: GreyReleaseSpec, observed: Observed, steps: list[Step], step: Step
-) -> None:
-    """The batch is live: wait for its pause and its gate, then move on."""
-    st = b.status
-    k, n = step.number, len(steps)
-    gate = _gate(b, spec, observed, k, n)
+def _verify(p: _Pass) -> Then:
+    """Verifying (or WaitingForApproval): the batch is live; wait for its pause, its gate or an
+    approval, then move on."""
+    b = _batch(p)
+    if not isinstance(b, _Batch):
+        return b
+    if _paused(p.spec, p.world):
+        return _pause(p, b)
+    st, step = p.status, b.step
+    k, n = step.number, len(b.steps)
+    _count(p, b)
+    canary = p.world.canary
+    if canary is None or canary.deleting:
+        return _canary_lost(p, b)
+    gate = _gate(p, b)
     if gate is not None and gate.failed:
-        _roll_back(b, spec, observed, end="Failed", reason=R.ANALYSIS_FAILED, message=f"batch {k}/{n}: {gate.message}")
-        return
+        return _roll_back(p, Phase.FAILED, R.ANALYSIS_FAILED, f"{b.label}: {gate.message}")
 
-    promote = observed.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
+    promote = p.world.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
     if promote in ("next", "full"):
         # Consumed once: the annotation is removed before the step it approved is recorded, so a
         # controller that dies in between drops the approval rather than applying it twice.
-        b.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
-        b.set(last_promotion=f"{promote} at batch {k}/{n} {fmt_time(b.now)}")
-        b.event(R.PROMOTED, f"promote={promote} at batch {k}/{n}")
+        p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
+        p.set(last_promotion=f"{promote} at {b.label} {fmt_time(p.now)}")
+        p.event(R.PROMOTED, f"promote={promote} at {b.label}")
         if promote == "full":
-            _finish_batch(b, k, "promoted (full)")
-            _start_promotion(b, n)
-            return
-        _advance(b, spec, steps, step, result="promoted")
-        return
-    elif PROMOTE_ANNOTATION in observed.annotations:
-        b.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
-        b.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={promote!r}: use next or full", warning=True)
+            p.history(k, finished_at=p.now, result="promoted (full)")
+            return _start_promotion(p, n)
+        return _next_batch(p, b, result="promoted")
+    if PROMOTE_ANNOTATION in p.world.annotations:
+        p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
+        p.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={promote!r}: use next or full", warning=True)
 
     if step.pause == MANUAL:
-        b.set(message=_hold_message(k, n, step, None))
-        return
-    next_check = parse_time(st.next_check_at)
-    if next_check is not None and b.now < next_check:
-        b.at(next_check)
-        return
+        p.set(batch_state=BatchState.WAITING_FOR_APPROVAL, message=_hold_message(b, None))
+        return WAIT
+    if st.next_check_at is not None and p.now < st.next_check_at:
+        p.at(st.next_check_at)
+        return WAIT
     if gate is not None and not gate.passed:
         # No verdict yet (no data, or too few passing checks): wait, but not past the progress deadline.
-        deadline = _deadline(b, spec, next_check or parse_time(st.batch_ready_at))
-        if b.now >= deadline:
-            _roll_back(
-                b, spec, observed, end="Failed", reason=R.ANALYSIS_FAILED,
-                message=f"batch {k}/{n}: no passing analysis within {spec.progress_deadline_seconds}s "
+        deadline = p.deadline(st.next_check_at or st.batch_ready_at)
+        if p.now >= deadline:
+            return _roll_back(
+                p, Phase.FAILED, R.ANALYSIS_FAILED,
+                f"{b.label}: no passing analysis within {p.spec.progress_deadline_seconds}s "
                 f"(progressDeadlineSeconds): {gate.message}",
-            )
-            return
-        b.set(message=f"batch {k}/{n}: weight {step.weight}%, waiting for the analysis: {gate.message}")
-        b.at(deadline)
-        return
-    _advance(b, spec, steps, step, result="passed")
+            )  # fmt: skip
+        p.set(message=f"{b.label}: weight {step.weight}%, waiting for the analysis: {gate.message}")
+        p.at(deadline)
+        return WAIT
+    return _next_batch(p, b, result="passed")
 
 
-def _gate(b: _Builder, spec: GreyReleaseSpec, observed: Observed, k: int, n: int) -> Verdict | None:
+def _canary_lost(p: _Pass, b: _Batch) -> Then:
+    """The canary of a live batch was deleted (by someone else): the batch is not live any more.
+
+    Traffic goes back to what it was before this batch, and the batch is grown again at once (the stable
+    keeps the previous batch's size meanwhile, see :func:`_upscale`) rather than at the next batch, so
+    the app never runs short of pods while a pause runs. Once the new canary is ready the batch goes live
+    again with a full pause and a fresh gate; its history record is the same one.
+    """
+    k = b.step.number
+    before = b.steps[k - 2] if k > 1 else None
+    p.act(SetWeight(before.weight if before else 0, before.header_match if before else None))
+    p.set(
+        batch_state=BatchState.UPSCALING,
+        batch_started_at=p.now,
+        batch_ready_at=None,
+        next_check_at=None,
+        canary_weight=before.weight if before else 0,
+        metrics=[_fresh(m) for m in p.status.metrics],
+    )
+    p.event(R.CANARY_LOST, f"{b.label}: the canary Deployment was deleted; recreating it", warning=True)
+    return GO_ON
+
+
+def _fresh(m: MetricStatus) -> MetricStatus:
+    """A metric's status for a new batch: the last values stay visible, the counts start again."""
+    return m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0})
+
+
+def _gate(p: _Pass, b: _Batch) -> Verdict | None:
     """Fold this pass's metric checks into the status and judge the batch; None without analysis."""
-    analysis = spec.analysis
+    analysis = p.spec.analysis
     if analysis is None:
         return None
-    metrics = {m.name: m for m in b.status.metrics}
+    metrics = {m.name: m for m in p.status.metrics}
     by_name = {m.name: m for m in analysis.metrics}
-    now = fmt_time(b.now)
-    for check in observed.checks:
+    for check in p.world.checks:
         metric = by_name.get(check.metric)
         if metric is None:
             continue
-        folded = fold(metric, metrics.get(metric.name), check, now)
+        folded = fold(metric, metrics.get(metric.name), check, p.now)
         metrics[metric.name] = folded
-        if folded.verdict in (FAIL, ERROR):
-            b.event(R.METRIC_CHECK_FAILED, f"batch {k}/{n}: metric {metric.name}: {folded.message}", warning=True)
+        if folded.verdict in (CheckVerdict.FAIL, CheckVerdict.ERROR):
+            p.event(R.METRIC_CHECK_FAILED, f"{b.label}: metric {metric.name}: {folded.message}", warning=True)
     ordered = [metrics[m.name] for m in analysis.metrics if m.name in metrics]
-    b.set(metrics=ordered)
-    live_since = parse_time(b.status.batch_ready_at) or b.now
-    b.at(next_check_at(analysis, ordered, live_since))
+    p.set(metrics=ordered)
+    p.at(next_check_at(analysis, ordered, p.status.batch_ready_at or p.now))
     return judge_metrics(analysis, ordered)
 
 
-def _finish_batch(b: _Builder, k: int, result: str) -> None:
-    b.history(k, finished_at=fmt_time(b.now), result=result)
-    b.advanced = True
-
-
-def _advance(b: _Builder, spec: GreyReleaseSpec, steps: list[Step], step: Step, *, result: str) -> None:
-    k, n = step.number, len(steps)
-    _finish_batch(b, k, result)
+def _next_batch(p: _Pass, b: _Batch, *, result: str) -> Then:
+    """The batch is done: on to the next one (Upscaling), or to the promotion after the last."""
+    k, n = b.step.number, len(b.steps)
+    p.history(k, finished_at=p.now, result=result)
     if k >= n:
-        _start_promotion(b, n)
-        return
-    now = fmt_time(b.now)
-    b.set(
+        return _start_promotion(p, n)
+    p.set(
+        batch_state=BatchState.UPSCALING,
         current_batch=k + 1,
-        batch_started_at=now,
+        batch_started_at=p.now,
         batch_ready_at=None,
         next_check_at=None,
         # The last values stay visible; the counts start again, since only checks of the new batch count.
-        metrics=[m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0}) for m in b.status.metrics],
+        metrics=[_fresh(m) for m in p.status.metrics],
     )
-    b.history(k + 1, started_at=now)
-    b.phase("Progressing", f"batch {k + 1}/{n}: growing the canary")
-    b.event(R.BATCH_PASSED, f"batch {k}/{n} {result}; starting batch {k + 1}/{n}")
+    p.history(k + 1, started_at=p.now)
+    p.phase(Phase.PROGRESSING, f"batch {k + 1}/{n}: growing the canary")
+    p.event(R.BATCH_PASSED, f"batch {k}/{n} {result}; starting batch {k + 1}/{n}")
+    return GO_ON
 
 
-# --- promotion ------------------------------------------------------------------------------------
+# --- promotion --------------------------------------------------------------------------------------
 
 
-def _start_promotion(b: _Builder, n: int) -> None:
-    b.set(batch_ready_at=None, next_check_at=None)
-    b.phase("Promoting", "rolling the stable Deployment to the target version")
-    b.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
+def _start_promotion(p: _Pass, n: int) -> Then:
+    p.set(batch_ready_at=None, next_check_at=None)
+    p.phase(Phase.PROMOTING, "rolling the stable Deployment to the target version")
+    p.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
+    return GO_ON
 
 
-def _promote(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
-    st = b.status
+def _promote(p: _Pass) -> Then:
+    """Promoting: the stable Deployment rolls to the target version, then the canary goes."""
+    st, spec = p.status, p.spec
     assert st.restore.replicas is not None and st.restore.image is not None
-    if len(observed.candidates) != 1:
-        _roll_back(
-            b, spec, observed, end="Failed", reason=R.TARGET_DELETED,
-            message=f"the target Deployment {st.target_name!r} is gone",
-        )
-        return
-    target = observed.candidates[0]
+    target = _target(p)
+    if not isinstance(target, Workload):
+        return target
     replicas = st.restore.replicas
     image = target_image(st.restore.image, spec.target_version)
+    waiting = f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}"
     if not target.rolled_out(replicas, image):
-        if target.image != image and _stable_shrinking(b, target):
+        if target.image != image and target.settling():
             # The last batch scaled the stable down (Service mode: to nothing, all traffic on the
             # canary). Its old pods go before the new image comes: given both at once, the Deployment
             # would keep old pods serving while it rolls.
             # (The message is the one the next step shows too: no status write just for this wait.)
-            b.set(message=f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}")
-            b.at(b.now + timedelta(seconds=CONVERGE_POLL))
-            return
+            p.set(message=waiting)
+            p.at(p.now + timedelta(seconds=CONVERGE_POLL))
+            return WAIT
         if target.image != image or target.replicas != replicas:
             # The narrowing of the stable Service goes first: the stable's new pods must get traffic.
-            b.act(RestoreStableSelector(), SetStableImage(image, replicas))
-        deadline = _deadline(b, spec, parse_time(st.phase_started_at))
-        if b.now >= deadline:
-            _roll_back(
-                b, spec, observed, end="Failed", reason=R.PROGRESS_DEADLINE,
-                message=f"promotion: {target.ready}/{replicas} stable pods ready on {image} after "
-                f"{spec.progress_deadline_seconds}s (progressDeadlineSeconds)",
-            )
-            return
-        b.set(message=f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}")
-        b.at(min(deadline, b.now + timedelta(seconds=CONVERGE_POLL)))
-        return
-    if observed.canary is not None:
+            p.act(RestoreStableSelector(), SetStableImage(image, replicas))
+        deadline = p.deadline(st.phase_started_at)
+        if p.now >= deadline:
+            return _deadline_passed(p, f"promotion: {target.ready}/{replicas} stable pods ready on {image}")
+        p.set(message=waiting)
+        p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        return WAIT
+    if p.world.canary is not None:
         # Traffic back to the (now promoted) stable, then the canary goes; the routing is reset only
         # once the canary's pods are gone. In Service mode there is no weight to move: weight 0 would
         # narrow the Service to the old stable ReplicaSet, which no longer has pods.
         if _weighted(spec):
-            b.act(SetWeight(0))
-        b.act(DeleteCanary())
-        b.set(message="promoted: removing the canary", canary_weight=0)
-        b.again(CONVERGE_POLL)
-        return
-    b.act(ResetRouting())
-    b.set(
+            p.act(SetWeight(0))
+        p.act(DeleteCanary())
+        p.set(message="promoted: removing the canary", canary_weight=0)
+        p.again(CONVERGE_POLL)
+        return WAIT
+    p.act(ResetRouting())
+    p.set(
         stable_version=version_of(image),
         canary_weight=0,
         canary_replicas=0,
         stable_replicas=replicas,
         restore=Restore(),
     )
-    b.phase("Succeeded", f"{st.target_name} runs {image} on {replicas} replicas")
-    b.event(R.SUCCEEDED, f"released {image} to {st.target_name}")
+    p.phase(Phase.SUCCEEDED, f"{st.target_name} runs {image} on {replicas} replicas")
+    p.event(R.SUCCEEDED, f"released {image} to {st.target_name}")
+    return WAIT
 
 
-# --- rollback -------------------------------------------------------------------------------------
+# --- rollback and deletion --------------------------------------------------------------------------
 
 
-def _roll_back(
-    b: _Builder, spec: GreyReleaseSpec, observed: Observed, *, end: str, reason: str, message: str
-) -> None:
+def _deadline_passed(p: _Pass, what: str) -> Then:
+    """``progressDeadlineSeconds`` passed before ``what`` got better: the release fails."""
+    seconds = p.spec.progress_deadline_seconds
+    return _roll_back(p, Phase.FAILED, R.PROGRESS_DEADLINE, f"{what} after {seconds}s (progressDeadlineSeconds)")
+
+
+def _roll_back(p: _Pass, end: Phase, reason: str, message: str) -> Then:
     """Traffic to stable at once: the pass that decides it writes the weight, its Event and the status,
     nothing else. Putting the stable back and removing the canary follow in the next pass, which is not
     urgent: when many releases roll back at once (a burst of aborts), every one of them has its traffic
     cut before the API server is kept busy restoring capacity."""
-    b.act(SetWeight(0))
-    b.set(canary_weight=0, end_phase=end)
-    b.phase("RollingBack", message)
-    b.event(reason, message, warning=True)
-    b.again(0)
+    p.act(SetWeight(0))
+    p.set(canary_weight=0, end_phase=end)
+    p.phase(Phase.ROLLING_BACK, message)
+    p.event(reason, message, warning=True)
+    p.again(0)
+    return WAIT
 
 
-def _rolling_back(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
-    st = b.status
-    end = st.end_phase or "Failed"
-    reason_text = st.message
-    if not any(isinstance(a, SetWeight) for a in b.actions):
-        b.act(SetWeight(0))
-    target = observed.candidates[0] if len(observed.candidates) == 1 else None
-    restore = st.restore
+def _restore(p: _Pass, since: datetime) -> bool:
+    """Put the app back as it was before the release: no traffic to the canary, the stable's image and
+    size, then (once the stable is ready, or ``progressDeadlineSeconds`` after ``since``) the canary
+    removed, then the routing reset. True once all is back."""
+    st, world = p.status, p.world
+    p.act(SetWeight(0))
+    target, restore = world.target, st.restore
     stable_ready = True
     if target is not None and restore.image and restore.replicas is not None:
         if target.image != restore.image or target.replicas != restore.replicas:
-            b.act(SetStableImage(restore.image, restore.replicas))
+            p.act(SetStableImage(restore.image, restore.replicas))
         stable_ready = target.rolled_out(restore.replicas, restore.image)
-    deadline = _deadline(b, spec, parse_time(st.phase_started_at))
-    if not stable_ready and b.now < deadline:
+    deadline = p.deadline(since)
+    if not stable_ready and p.now < deadline:
         # Keep the canary's pods until the stable can carry the load again; they get no traffic.
-        b.at(min(deadline, b.now + timedelta(seconds=CONVERGE_POLL)))
-        return
-    if observed.canary is not None and observed.canary.owner_uid == observed.uid:
-        b.act(DeleteCanary())
-        b.again(CONVERGE_POLL)
-        return
-    b.act(ResetRouting())
-    b.set(
+        p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        return False
+    if world.own_canary is not None:
+        p.act(DeleteCanary())
+        p.again(CONVERGE_POLL)
+        return False
+    p.act(ResetRouting())
+    return True
+
+
+def _rolling_back(p: _Pass) -> Then:
+    """RollingBack: the app restored, then the phase the rollback was for (Aborted or Failed)."""
+    st = p.status
+    target = p.world.target
+    if not _restore(p, st.phase_started_at or p.now):
+        return WAIT
+    p.set(
         canary_weight=0,
         canary_replicas=0,
-        stable_replicas=restore.replicas or (target.replicas if target else 0),
+        stable_replicas=st.restore.replicas or (target.replicas if target else 0),
         restore=Restore(),
         batch_ready_at=None,
         next_check_at=None,
-        end_phase="",
+        end_phase=None,
     )
-    b.phase(end, f"{reason_text}; stable {st.stable_version} serves all traffic")
-    b.event(R.ROLLED_BACK, f"rolled back: all traffic on the stable version {st.stable_version}")
+    p.phase(st.end_phase or Phase.FAILED, f"{st.message}; stable {st.stable_version} serves all traffic")
+    p.event(R.ROLLED_BACK, f"rolled back: all traffic on the stable version {st.stable_version}")
+    return WAIT
 
 
-# --- deletion -------------------------------------------------------------------------------------
-
-
-def _cleanup(b: _Builder, spec: GreyReleaseSpec, observed: Observed) -> None:
+def _delete(p: _Pass) -> None:
     """The GreyRelease is being deleted: leave the app as it was before the release began."""
-    st = b.status
-    restore = st.restore
-    target = observed.candidates[0] if len(observed.candidates) == 1 else None
-    touched = restore.replicas is not None or observed.canary is not None
-    if not touched:
-        b.done = True
+    if p.status.restore.replicas is None and p.world.canary is None:
+        p.done = True  # nothing was changed
         return
-    b.act(SetWeight(0))
-    stable_ready = True
-    if target is not None and restore.image and restore.replicas is not None:
-        if target.image != restore.image or target.replicas != restore.replicas:
-            b.act(SetStableImage(restore.image, restore.replicas))
-        stable_ready = target.rolled_out(restore.replicas, restore.image)
-    started = observed.deletion_started or b.now
-    if not stable_ready and b.now < started + timedelta(seconds=spec.progress_deadline_seconds):
-        b.again(CONVERGE_POLL)
-        return
-    if observed.canary is not None and observed.canary.owner_uid == observed.uid:
-        b.act(DeleteCanary())
-        b.again(CONVERGE_POLL)
-        return
-    b.act(ResetRouting())
-    b.event(R.CLEANED_UP, "release deleted: stable restored, canary removed")
-    b.set(restore=Restore())
-    b.done = True
+    if _restore(p, p.world.deletion_started or p.now):
+        p.event(R.CLEANED_UP, "release deleted: stable restored, canary removed")
+        p.set(restore=Restore())
+        p.done = True
 
 
-# --- conditions -----------------------------------------------------------------------------------
+def _finished(p: _Pass) -> Then:
+    """Succeeded, Aborted, Failed: nothing to do until the spec or an annotation changes."""
+    return WAIT
+
+
+#: The handler of each (phase, batchState). A state missing here is a bug (KeyError).
+HANDLERS: dict[tuple[Phase | None, BatchState | None], Handler] = {
+    (None, None): _start,
+    (Phase.INVALID_SPEC, None): _start,
+    (Phase.INITIALIZING, None): _start,
+    (Phase.PROGRESSING, BatchState.UPSCALING): _upscale,
+    (Phase.PROGRESSING, BatchState.VERIFYING): _verify,
+    (Phase.PROGRESSING, BatchState.WAITING_FOR_APPROVAL): _verify,
+    **{(Phase.PAUSED, state): _on_pause for state in BatchState},
+    (Phase.PROMOTING, None): _promote,
+    (Phase.ROLLING_BACK, None): _rolling_back,
+    (Phase.SUCCEEDED, None): _finished,
+    (Phase.ABORTED, None): _finished,
+    (Phase.FAILED, None): _finished,
+}
+
+
+# --- conditions -------------------------------------------------------------------------------------
+
+
+def _waiting_for_approval(status: GreyReleaseStatus) -> bool:
+    return status.phase == Phase.PROGRESSING and status.batch_state == BatchState.WAITING_FOR_APPROVAL
 
 
 def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
     phase = status.phase
-    wanted: list[tuple[str, bool, str]] = [
-        (R.COND_PROGRESSING, phase in ("Initializing", "Progressing", "Promoting", "RollingBack"), phase or ""),
-        (R.COND_PAUSED, phase == "Paused" or WAITING_TEXT in status.message, phase or ""),
-        (R.COND_COMPLETED, phase in TERMINAL_PHASES, phase or ""),
-        (R.COND_HEALTHY, phase not in ("RollingBack", "Aborted", "Failed", "InvalidSpec"), phase or ""),
-        (R.COND_INVALID_SPEC, phase == "InvalidSpec", phase or ""),
+    reason = phase.value if phase else ""
+    wanted: list[tuple[str, bool]] = [
+        (R.COND_PROGRESSING, phase in (Phase.INITIALIZING, Phase.PROGRESSING, Phase.PROMOTING, Phase.ROLLING_BACK)),
+        (R.COND_PAUSED, phase == Phase.PAUSED or _waiting_for_approval(status)),
+        (R.COND_COMPLETED, phase in TERMINAL_PHASES),
+        (R.COND_HEALTHY, phase not in (Phase.ROLLING_BACK, Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC)),
+        (R.COND_INVALID_SPEC, phase == Phase.INVALID_SPEC),
     ]
     old = {c.type: c for c in status.conditions}
     out: list[Condition] = []
-    for ctype, true, reason in wanted:
+    for ctype, true in wanted:
         value = "True" if true else "False"
         prev = old.get(ctype)
         message = status.message if true else ""
         if prev is not None and prev.status == value:
             out.append(prev.model_copy(update={"reason": reason, "message": message}))
         else:
-            out.append(
-                Condition(type=ctype, status=value, reason=reason, message=message, last_transition_time=fmt_time(now))
-            )
+            out.append(Condition(type=ctype, status=value, reason=reason, message=message, last_transition_time=now))
     return out

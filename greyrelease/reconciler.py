@@ -50,10 +50,12 @@ from .api import (
     Analysis,
     GreyReleaseSpec,
     GreyReleaseStatus,
+    Phase,
     parse_duration,
+    parse_time,
 )
 from .kubeclient import MERGE, STRATEGIC, ApiError, Conflict, KubeClient, path
-from .planner import Observed, decide, fmt_time, parse_time
+from .planner import Observed, decide
 from .prometheus import Prometheus
 from .routers import Router, router_for
 from .workload import (
@@ -380,9 +382,9 @@ class Reconciler:
         first = err.errors()[0]
         field = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
         message = f"{field}: {first['msg']}"
-        new = status.model_copy(update={"phase": "InvalidSpec", "message": message})
-        if status.phase != "InvalidSpec":
-            new = new.model_copy(update={"phase_started_at": fmt_time(now)})
+        new = status.model_copy(update={"phase": Phase.INVALID_SPEC, "message": message})
+        if status.phase != Phase.INVALID_SPEC:
+            new = new.model_copy(update={"phase_started_at": now})
         plan = Plan(status=new, events=(Event("Warning", R.INVALID_SPEC, message),) if status.message != message else ())
         self.post_events(release, plan.events, now)
         self.write_status(release, new)

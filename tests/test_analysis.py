@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -43,12 +43,13 @@ def test_judge(fields: dict, canary: Sample, stable: Sample | None, expected: st
 
 def test_fold_counts_and_resets_consecutive_errors() -> None:
     m = metric(thresholdRange={"max": 1})
-    st = fold(m, None, Check("m", Sample(error="x")), "t1")
-    st = fold(m, st, Check("m", Sample(error="x")), "t2")
+    t1, t2, t3, t4 = (datetime(2026, 1, 1, 12, 0, s, tzinfo=timezone.utc) for s in (1, 2, 3, 4))
+    st = fold(m, None, Check("m", Sample(error="x")), t1)
+    st = fold(m, st, Check("m", Sample(error="x")), t2)
     assert (st.consecutive_errors, st.successes, st.failures, st.verdict) == (2, 0, 0, "Error")
-    st = fold(m, st, Check("m", Sample(0.5)), "t3")
-    assert (st.consecutive_errors, st.successes, st.value, st.checked_at) == (0, 1, 0.5, "t3")
-    st = fold(m, st, Check("m", Sample(2.0)), "t4")
+    st = fold(m, st, Check("m", Sample(0.5)), t3)
+    assert (st.consecutive_errors, st.successes, st.value, st.checked_at) == (0, 1, 0.5, t3)
+    st = fold(m, st, Check("m", Sample(2.0)), t4)
     assert (st.failures, st.verdict, st.message) == (1, "Fail", "2 > max 1")
 
 
@@ -69,11 +70,11 @@ def test_verdict_needs_every_metric() -> None:
 def test_due_only_for_a_live_progressing_batch() -> None:
     analysis = Analysis.model_validate({"prometheus": {"address": "http://p:9090"}, "interval": "10s", "metrics": [{"name": "a", "query": "q"}]})
     t = datetime(2026, 1, 1, 12, 0, 10, tzinfo=timezone.utc)
-    live = "2026-01-01T12:00:00.000Z"
+    live = t - timedelta(seconds=10)
     assert due(analysis, phase="Progressing", batch_ready_at=live, statuses=[], now=t)
     assert not due(analysis, phase="Paused", batch_ready_at=live, statuses=[], now=t)
     assert not due(analysis, phase="Progressing", batch_ready_at=None, statuses=[], now=t)
-    recent = [MetricStatus(name="a", checked_at="2026-01-01T12:00:05.000Z")]
+    recent = [MetricStatus.model_validate({"name": "a", "checkedAt": "2026-01-01T12:00:05.000Z"})]
     assert not due(analysis, phase="Progressing", batch_ready_at=live, statuses=recent, now=t)
     assert not due(None, phase="Progressing", batch_ready_at=live, statuses=[], now=t)
 

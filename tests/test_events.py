@@ -7,7 +7,7 @@ from typing import Any
 
 from greyrelease.actions import Event
 from greyrelease.kubeclient import ApiError, Conflict
-from greyrelease.api import GreyReleaseStatus
+from greyrelease.api import GreyReleaseStatus, Phase
 from greyrelease.reconciler import Reconciler, _stored
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -96,5 +96,5 @@ def test_a_status_with_null_fields_equal_to_the_stored_one_is_not_written_again(
     stored = _stored(sink.patches[0]["status"])
     assert "finishedAt" not in stored["history"][0]
     assert not r.write_status(release(stored), status)
-    assert r.write_status(release(stored), status.model_copy(update={"phase": "Progressing"}))
+    assert r.write_status(release(stored), status.model_copy(update={"phase": Phase.PROGRESSING}))
     assert len(sink.patches) == 2

@@ -26,7 +26,7 @@ from greyrelease.planner import Observed, Workload, decide
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
 #: Status fields the earlier controller did not write.
-NEW_FIELDS: frozenset[str] = frozenset()
+NEW_FIELDS: frozenset[str] = frozenset({"batchState"})
 
 
 def _stored(value: Any) -> Any:
@@ -104,3 +104,5 @@ def test_an_old_status_is_planned_on_as_before(case: dict[str, Any]) -> None:
     assert [dataclasses.asdict(e) for e in plan.events] == want["events"]
     assert (plan.requeue_after, plan.done) == (want["requeueAfter"], want["done"])
     assert _dump(plan.status) == want["status"]
+    # The batch state read from the old controller's status is the one the planner of today records.
+    assert GreyReleaseStatus.model_validate(want["status"]).batch_state == plan.status.batch_state

@@ -10,7 +10,7 @@ needs the cluster (how many replicas the target has) is checked by the planner, 
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 #: A Kubernetes object as JSON (what the API server sends and takes).
 Obj = dict[str, Any]
@@ -72,8 +73,8 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    out = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    out: JsonDict = {"rule": rule, "message": message}
     if field_path:
         out["fieldPath"] = field_path
     return out
@@ -156,7 +157,10 @@ class ServiceRouting(_Camel):
 
 class NginxRouting(_Camel):
     ingress: str = Field(
-        min_length=1, max_length=246, pattern=NAME_PATTERN, description="The user's Ingress (copied to <ingress>-canary)."
+        min_length=1,
+        max_length=246,
+        pattern=NAME_PATTERN,
+        description="The user's Ingress (copied to <ingress>-canary).",
     )
     stable_service: str = Field(
         min_length=1, max_length=56, pattern=NAME_PATTERN, description="The Service the Ingress routes to."
@@ -219,7 +223,9 @@ class Compare(_Camel):
 
 
 class Metric(_Camel):
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$", description="Shown in status and Events.")
+    name: str = Field(
+        min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$", description="Shown in status and Events."
+    )
     query: str = Field(
         min_length=1,
         max_length=4096,
@@ -228,19 +234,25 @@ class Metric(_Camel):
     )
     threshold_range: ThresholdRange | None = Field(None, description="Absolute bounds of a passing value.")
     compare: Compare | None = Field(None, description="Judge the canary against the stable track.")
-    on_no_data: Literal["fail", "pass", "wait"] = Field("wait", description="The verdict of a check that finds no data.")
+    on_no_data: Literal["fail", "pass", "wait"] = Field(
+        "wait", description="The verdict of a check that finds no data."
+    )
     failure_limit: int = Field(0, ge=0, le=100, description="Failed checks tolerated in a batch.")
     consecutive_error_limit: int = Field(4, ge=1, le=100, description="Query errors in a row that fail the release.")
     successes_required: int = Field(1, ge=1, le=100, description="Passing checks a batch needs to move on.")
 
 
 class SecretKeyRef(_Camel):
-    name: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN, description="A Secret in the release's namespace.")
+    name: str = Field(
+        min_length=1, max_length=253, pattern=NAME_PATTERN, description="A Secret in the release's namespace."
+    )
     key: str = Field(min_length=1, max_length=253, description="The key holding the token.")
 
 
 class Prometheus(_Camel):
-    address: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$", description="Prometheus' base URL.")
+    address: str = Field(
+        min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$", description="Prometheus' base URL."
+    )
     bearer_token_secret: SecretKeyRef | None = Field(None, description="Send this token as a Bearer token.")
     timeout: Duration = Field("5s", description="Per query; failures are retried briefly, then counted as errors.")
     insecure_skip_verify: bool = Field(False, description="Do not verify Prometheus' TLS certificate.")
@@ -393,7 +405,7 @@ class CheckVerdict(StrEnum):
 def fmt_time(t: datetime) -> str:
     """RFC 3339 in UTC to the millisecond, as every timestamp of the status is stored:
     ``2026-01-01T12:00:00.000Z``."""
-    return t.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -409,7 +421,7 @@ def parse_time(text: str | None) -> datetime | None:
 
 
 def _utc(t: datetime) -> datetime:
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 #: A point in time in the status: an aware datetime in Python, RFC 3339 (:func:`fmt_time`) in JSON.
@@ -499,15 +511,21 @@ class GreyReleaseStatus(_Camel):
     )
     observed_generation: int = Field(0, description="The metadata.generation this status was planned from.")
     phase_started_at: Timestamp | None = Field(None, description="When the current phase began.")
-    batch_started_at: Timestamp | None = Field(None, description="When the current batch began (its deadline counts from here).")
-    batch_ready_at: Timestamp | None = Field(None, description="When the current batch went live (canary ready, weight set).")
+    batch_started_at: Timestamp | None = Field(
+        None, description="When the current batch began (its deadline counts from here)."
+    )
+    batch_ready_at: Timestamp | None = Field(
+        None, description="When the current batch went live (canary ready, weight set)."
+    )
     next_check_at: Timestamp | None = Field(None, description="When the current batch's timed pause ends.")
     last_promotion: str = Field("", description="The last greyrelease.io/promote consumed, with its batch and time.")
     conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
     metrics: list[MetricStatus] = Field(
         default_factory=list, description="Each metric's last value, verdict and check counts in this batch."
     )
-    history: list[BatchRecord] = Field(default_factory=list, description="The last batches: when, how big, how they ended.")
+    history: list[BatchRecord] = Field(
+        default_factory=list, description="The last batches: when, how big, how they ended."
+    )
 
     @model_validator(mode="before")
     @classmethod

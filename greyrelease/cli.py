@@ -33,7 +33,7 @@ def load_release(file: str) -> dict[str, Any]:
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"
@@ -87,7 +87,7 @@ def _replicas_from_cluster(doc: dict[str, Any]) -> int | None:
             found = kube.list(deployments_path(ns), label_selector=f"app={spec.get('appName')}")
         if len(found) == 1:
             return int(found[0]["spec"].get("replicas", 1))
-    except Exception:  # noqa: BLE001 - offline is the normal case
+    except Exception:
         return None
     return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from .api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, GreyReleaseSpec, GreyReleaseStatus
 
@@ -75,9 +76,10 @@ def _structural(node: Any, *, in_status: bool = False) -> Any:
     return out
 
 
-def schema_of(model: type, *, in_status: bool = False) -> Schema:
-    raw = model.model_json_schema(by_alias=True, mode="validation")  # type: ignore[attr-defined]
-    return _structural(_inline(raw, raw.get("$defs", {})), in_status=in_status)
+def schema_of(model: type[BaseModel], *, in_status: bool = False) -> Schema:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    schema: Schema = _structural(_inline(raw, raw.get("$defs", {})), in_status=in_status)
+    return schema
 
 
 def crd() -> dict[str, Any]:

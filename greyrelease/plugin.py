@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 from urllib3.exceptions import HTTPError
 
@@ -35,10 +36,10 @@ from .api import (
     TERMINAL_PHASES,
     TRACK_LABEL,
     VERSION,
+    Obj,
+    parse_time,
 )
 from .kubeclient import ApiError, KubeClient, NotFound, path
-
-Obj = dict[str, Any]
 
 BAR_WIDTH = 10
 EVENTS_SHOWN = 5
@@ -58,16 +59,6 @@ def progress_bar(current: int, total: int, width: int = BAR_WIDTH) -> str:
         return f"[{'-' * width}] {current}/?"
     filled = round(width * min(max(current, 0), total) / total)
     return f"[{'#' * filled}{'-' * (width - filled)}] {current}/{total}"
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
 def age(value: str | None, now: datetime) -> str:
@@ -106,7 +97,7 @@ def _number(value: Any) -> str:
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     """Left-aligned columns, the last one unpadded (it holds free text)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return [indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
+    return [indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip() for r in rows]
 
 
 def _event_time(event: Obj) -> str:
@@ -115,7 +106,7 @@ def _event_time(event: Obj) -> str:
 
 def _event_order(event: Obj) -> tuple[datetime, datetime]:
     # lastTimestamp has whole seconds; eventTime (kept to the microsecond) orders events of one second.
-    never = datetime.min.replace(tzinfo=timezone.utc)
+    never = datetime.min.replace(tzinfo=UTC)
     return (parse_time(_event_time(event)) or never, parse_time(event.get("eventTime")) or never)
 
 
@@ -165,7 +156,7 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
     metrics = st.get("metrics") or []
     if metrics:
         lines.append("Metrics:")
-        rows = [("NAME", "VALUE", "STABLE", "VERDICT", "CHECKED", "MESSAGE")]
+        rows: list[tuple[str, ...]] = [("NAME", "VALUE", "STABLE", "VERDICT", "CHECKED", "MESSAGE")]
         for m in metrics:
             rows.append((
                 str(m.get("name", "?")),
@@ -207,13 +198,16 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[KubeClient, st
 
     cfg = k8s_client.Configuration()
     try:
-        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-        contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        # The kubernetes package has no type information: its calls are untyped.
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=cfg
+        )
+        contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     except k8s_config.ConfigException:
         sa_namespace = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         if kubeconfig or context or not sa_namespace.exists():
             raise
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return KubeClient(cfg), sa_namespace.read_text().strip() or "default"
     chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
     namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
@@ -238,11 +232,13 @@ class Cluster:
         selector = f"involvedObject.name={meta['name']},involvedObject.kind={KIND}"
         found = self.kube.request("GET", path("", "v1", "events", self.namespace), query={"fieldSelector": selector})
         # Events of an earlier object of the same name are not this release's.
-        return [e for e in found.get("items") or [] if e.get("involvedObject", {}).get("uid") in (None, meta.get("uid"))]
+        items = found.get("items") or []
+        return [e for e in items if e.get("involvedObject", {}).get("uid") in (None, meta.get("uid"))]
 
     def annotate(self, name: str, annotations: dict[str, str | None]) -> Obj:
         self.release(name)  # a clear "not found" rather than a patch error
-        return self.kube.patch(path(GROUP, VERSION, PLURAL, self.namespace, name), {"metadata": {"annotations": annotations}})
+        release = path(GROUP, VERSION, PLURAL, self.namespace, name)
+        return self.kube.patch(release, {"metadata": {"annotations": annotations}})
 
     def deployment_replicas(self, doc: Obj) -> int | None:
         spec = doc.get("spec") or {}
@@ -259,7 +255,7 @@ class Cluster:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def cmd_status(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
@@ -295,13 +291,14 @@ def cmd_status(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
 
 def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
     stamp = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
-    changes: dict[str, str | None] = {
+    requests: dict[str, dict[str, str | None]] = {
         "abort": {ABORT_ANNOTATION: "true"},
         "pause": {PAUSE_ANNOTATION: "true"},
         "resume": {PAUSE_ANNOTATION: None},
         "retry": {RETRY_ANNOTATION: stamp},
         "promote": {PROMOTE_ANNOTATION: "full" if getattr(args, "full", False) else "next"},
-    }[args.command]
+    }
+    changes = requests[args.command]
     release = cluster.annotate(args.name, changes)
     done = ", ".join(f"{k}={v}" if v is not None else f"{k}-" for k, v in changes.items())
     print(f"{SINGULAR}.{GROUP}/{args.name} annotated ({done})", file=out)
@@ -371,7 +368,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             return cmd_plan(args, None, out)
         try:
             kube, default_namespace = connect(args.kubeconfig, args.context)
-        except Exception as err:  # noqa: BLE001 - no usable kubeconfig: say so, as kubectl does
+        except Exception as err:
             if args.command == "plan":
                 return cmd_plan(args, None, out)
             print(f"error: no usable Kubernetes credentials: {err}", file=sys.stderr)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from greyrelease.analysis import Check, Sample, due, fold, judge, render_query, verdict
 from greyrelease.api import Analysis, Metric, MetricStatus
 
@@ -43,7 +42,7 @@ def test_judge(fields: dict, canary: Sample, stable: Sample | None, expected: st
 
 def test_fold_counts_and_resets_consecutive_errors() -> None:
     m = metric(thresholdRange={"max": 1})
-    t1, t2, t3, t4 = (datetime(2026, 1, 1, 12, 0, s, tzinfo=timezone.utc) for s in (1, 2, 3, 4))
+    t1, t2, t3, t4 = (datetime(2026, 1, 1, 12, 0, s, tzinfo=UTC) for s in (1, 2, 3, 4))
     st = fold(m, None, Check("m", Sample(error="x")), t1)
     st = fold(m, st, Check("m", Sample(error="x")), t2)
     assert (st.consecutive_errors, st.successes, st.failures, st.verdict) == (2, 0, 0, "Error")
@@ -68,8 +67,10 @@ def test_verdict_needs_every_metric() -> None:
 
 
 def test_due_only_for_a_live_progressing_batch() -> None:
-    analysis = Analysis.model_validate({"prometheus": {"address": "http://p:9090"}, "interval": "10s", "metrics": [{"name": "a", "query": "q"}]})
-    t = datetime(2026, 1, 1, 12, 0, 10, tzinfo=timezone.utc)
+    analysis = Analysis.model_validate(
+        {"prometheus": {"address": "http://p:9090"}, "interval": "10s", "metrics": [{"name": "a", "query": "q"}]}
+    )
+    t = datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC)
     live = t - timedelta(seconds=10)
     assert due(analysis, phase="Progressing", batch_ready_at=live, statuses=[], now=t)
     assert not due(analysis, phase="Paused", batch_ready_at=live, statuses=[], now=t)
@@ -81,4 +82,5 @@ def test_due_only_for_a_live_progressing_batch() -> None:
 
 def test_render_query() -> None:
     q = 'sum(rate(errors{namespace="{{namespace}}",app="{{app}}",track="{{ track }}"}[1m]))'
-    assert render_query(q, namespace="shop", app="web", track="canary") == 'sum(rate(errors{namespace="shop",app="web",track="canary"}[1m]))'
+    rendered = render_query(q, namespace="shop", app="web", track="canary")
+    assert rendered == 'sum(rate(errors{namespace="shop",app="web",track="canary"}[1m]))'

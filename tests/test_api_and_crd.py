@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import ValidationError
-
 from greyrelease.api import GreyReleaseSpec, parse_duration
 from greyrelease.batches import PlanError, expand
 from greyrelease.crd import render
 from greyrelease.images import label_value, split_tag, target_image, version_of
+from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +21,8 @@ def test_checked_in_crd_is_what_the_models_generate() -> None:
 
 
 def test_the_crd_has_one_source_that_config_refers_to() -> None:
-    assert yaml.safe_load((ROOT / "crds/kustomization.yaml").read_text())["resources"] == ["greyrelease.io_greyreleases.yaml"]
+    crds = yaml.safe_load((ROOT / "crds/kustomization.yaml").read_text())
+    assert crds["resources"] == ["greyrelease.io_greyreleases.yaml"]
     assert yaml.safe_load((ROOT / "config/crd/kustomization.yaml").read_text())["resources"] == ["../../crds"]
     assert [p.name for p in (ROOT / "config/crd").iterdir()] == ["kustomization.yaml"]
 
@@ -37,7 +37,8 @@ def test_crd_carries_the_seed_fields_printer_columns_and_status_subresource() ->
         assert field in props["status"]["properties"]
     assert props["spec"]["properties"]["canaryWeight"]["maximum"] == 100
     assert props["spec"]["properties"]["batchSize"]["minimum"] == 1
-    assert [c["name"] for c in version["additionalPrinterColumns"]][:6] == ["Phase", "Batch", "Weight", "Target", "Stable", "Age"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns[:6] == ["Phase", "Batch", "Weight", "Target", "Stable", "Age"]
     assert version["subresources"] == {"status": {}}
     assert crd["spec"]["names"]["shortNames"] == ["gr"]
 
@@ -50,12 +51,18 @@ BASE = {"targetRef": {"name": "web"}, "targetVersion": "v2"}
     [
         ({**BASE, "batchSize": 1}, "batchSize and canaryWeight go together"),
         ({**BASE, "batchSize": 1, "canaryWeight": 10, "batches": [{"replicas": 1}]}, "exactly one of batches"),
-        ({"appName": "web", "targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 1}, "exactly one of targetRef"),
+        (
+            {"appName": "web", "targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 1},
+            "exactly one of targetRef",
+        ),
         ({**BASE, "batchSize": 1, "canaryWeight": 101}, "canaryWeight"),
         ({**BASE, "batchSize": 0, "canaryWeight": 10}, "batchSize"),
         ({**BASE, "batches": [{"replicas": 0}]}, "replicas"),
         ({**BASE, "batches": [{"replicas": "120%"}]}, "replicas"),
-        ({**BASE, "batches": [{"replicas": 1, "weight": 50}, {"replicas": 2, "weight": 10}]}, "weights must never decrease"),
+        (
+            {**BASE, "batches": [{"replicas": 1, "weight": 50}, {"replicas": 2, "weight": 10}]},
+            "weights must never decrease",
+        ),
         ({**BASE, "batches": [{"replicas": 1, "pause": "soon"}]}, "pause"),
         ({**BASE, "targetVersion": "v 2", "batchSize": 1, "canaryWeight": 1}, "targetVersion"),
         ({**BASE, "batchSize": 1, "canaryWeight": 1, "colour": "grey"}, "colour"),
@@ -129,4 +136,5 @@ def test_versions_and_label_values() -> None:
 def test_readme_field_reference_is_current() -> None:
     from greyrelease.reference import markdown
 
-    assert markdown() in (ROOT / "README.md").read_text(), "README field reference is stale: python -m greyrelease.reference"
+    stale = "README field reference is stale: python -m greyrelease.reference"
+    assert markdown() in (ROOT / "README.md").read_text(), stale

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from greyrelease.actions import Event
-from greyrelease.kubeclient import ApiError, Conflict
 from greyrelease.api import GreyReleaseStatus, Phase
+from greyrelease.kubeclient import ApiError, Conflict
 from greyrelease.reconciler import Reconciler, _stored
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
 class EventSink:

@@ -6,7 +6,6 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-
 from greyrelease import reasons as R
 from greyrelease.actions import (
     DeleteCanary,
@@ -186,7 +185,9 @@ def test_a_batch_without_pause_moves_on_in_the_pass_that_finds_it_ready() -> Non
 
 def test_a_pass_finishes_at_most_one_batch() -> None:
     # Steps that only move the weight: the next batch's canary is ready the moment the last one passes.
-    batches = [{"replicas": 2, "weight": 10}, {"replicas": 2, "weight": 30}, {"replicas": 2, "weight": 60}, {"replicas": 10}]
+    batches = [
+        {"replicas": 2, "weight": 10}, {"replicas": 2, "weight": 30}, {"replicas": 2, "weight": 60}, {"replicas": 10}
+    ]
     w = World(spec(trafficRouting=NGINX, batches=batches, batchSize=None, canaryWeight=None))
     w.run(until={"Succeeded"})
     passed = [sum(e.reason == R.BATCH_PASSED for e in p.events) for p in w.plans]
@@ -217,7 +218,8 @@ def test_each_step_of_a_release_costs_one_pass() -> None:
     # batch 2, batch 2 ready (the stable scaled to nothing) + promotion started, the stable's new image,
     # canary removed, done.
     batches = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
-    w = World(spec(trafficRouting=SERVICE, batches=batches, batchSize=None, canaryWeight=None), stable=workload(replicas=2))
+    s = spec(trafficRouting=SERVICE, batches=batches, batchSize=None, canaryWeight=None)
+    w = World(s, stable=workload(replicas=2))
     w.run(until={"Succeeded"})
     assert len(w.plans) == 7, [p.status.message for p in w.plans]
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import io
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from greyrelease import plugin
 from greyrelease.plugin import _parser, age, fingerprint, is_finished, progress_bar, render_status
 
-NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,7 +40,8 @@ def release(status: dict[str, Any] | None = None, *, generation: int = 1, annota
 PROGRESSING = {
     "phase": "Progressing", "phaseStartedAt": ts(75), "currentBatch": 2, "totalBatches": 5,
     "canaryWeight": 40, "canaryReplicas": 4, "stableReplicas": 6, "stableVersion": "v1", "targetVersion": "v2",
-    "message": "batch 2/5: pausing 30s", "observedGeneration": 1, "nextCheckAt": (NOW + timedelta(seconds=8)).isoformat(),
+    "message": "batch 2/5: pausing 30s", "observedGeneration": 1,
+    "nextCheckAt": (NOW + timedelta(seconds=8)).isoformat(),
     "metrics": [
         {"name": "error-rate", "value": 0.012345, "stableValue": 0.01, "verdict": "Pass", "checkedAt": ts(3)},
         {"name": "latency-p99", "value": None, "verdict": "NoData", "message": "no samples"},
@@ -82,7 +82,8 @@ def test_progressing_release_shows_everything_a_user_asks_about() -> None:
     events = [event("Started", 300), event("BatchReady", 200, "batch 1/5: 2 canary pods ready"),
               event("Promoted", 100), event("BatchStarted", 90, count=3), event("BatchReady", 60),
               event("MetricPassed", 30), event("Paused", 10, type="Warning")]  # fmt: skip
-    text = render_status(release(PROGRESSING, annotations={"greyrelease.io/pause": "true", "other/x": "y"}), events, NOW)
+    annotations = {"greyrelease.io/pause": "true", "other/x": "y"}
+    text = render_status(release(PROGRESSING, annotations=annotations), events, NOW)
     lines = text.splitlines()
     assert lines[:7] == [
         "Name:        web",
@@ -183,7 +184,9 @@ def test_plan_with_replicas_needs_no_cluster(tmp_path: Path, monkeypatch: pytest
     assert out.getvalue().splitlines()[2].split() == ["1", "2", "8", "20%", "10s", "-"]
 
 
-def test_no_credentials_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_credentials_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     assert plugin.main(["status", "web"]) == 1
     assert "no usable Kubernetes credentials" in capsys.readouterr().err

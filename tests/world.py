@@ -7,7 +7,7 @@ whether pods become ready. It stands in for no Kubernetes API: only the planner'
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from greyrelease.actions import (
@@ -25,7 +25,7 @@ from greyrelease.actions import (
 from greyrelease.api import GreyReleaseSpec, GreyReleaseStatus
 from greyrelease.planner import Observed, Workload, decide
 
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "release-uid"
 
 
@@ -109,7 +109,12 @@ class World:
                 assert self.stable is not None
                 changed = image != self.stable.image
                 self.stable = self._ready(
-                    replace(self.stable, image=image, replicas=r, template_hash="newhash" if changed else self.stable.template_hash)
+                    replace(
+                        self.stable,
+                        image=image,
+                        replicas=r,
+                        template_hash="newhash" if changed else self.stable.template_hash,
+                    )
                 )
             case DeleteCanary():
                 if self.canary is not None and self.canary.owner_uid == UID:

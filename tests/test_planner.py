@@ -18,8 +18,17 @@ from greyrelease.actions import (
     SetStableImage,
     SetWeight,
 )
-from greyrelease.api import ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION, fmt_time
-from greyrelease.planner import decide
+from greyrelease.api import (
+    ABORT_ANNOTATION,
+    BATCH_PHASES,
+    PAUSE_ANNOTATION,
+    PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
+    BatchState,
+    Phase,
+    fmt_time,
+)
+from greyrelease.planner import HANDLERS, decide, project
 
 from .world import T0, UID, World, spec, workload
 
@@ -659,3 +668,76 @@ def test_decide_is_pure() -> None:
     b = decide(w.spec, w.status, w.observed(), w.now)
     assert a == b
     assert UID  # the world's release uid is what owns the canary
+
+
+# --- the state machine itself -----------------------------------------------------------------------
+
+
+def test_every_state_has_exactly_one_handler() -> None:
+    for phase in [None, *Phase]:
+        states = list(BatchState) if phase in BATCH_PHASES else [None]
+        for state in states:
+            assert (phase, state) in HANDLERS, (phase, state)
+    assert len(HANDLERS) == 1 + len(Phase) - len(BATCH_PHASES) + len(BATCH_PHASES) * len(BatchState)
+
+
+def test_batch_states_through_a_release_and_the_paused_condition_follows_them() -> None:
+    batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4, "pause": "30s"}, {"replicas": 10}]
+    w = World(spec(trafficRouting=SERVICE, batches=batches, batchSize=None, canaryWeight=None), pods_get_ready=False)
+    seen = []
+
+    def step() -> None:
+        plan = w.step()
+        paused = {c.type: c.status for c in plan.status.conditions}[R.COND_PAUSED]
+        seen.append((plan.status.phase, plan.status.current_batch, plan.status.batch_state, paused))
+
+    step()  # batch 1's canary asked for
+    w.pods_get_ready = True
+    w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
+    step()  # live, waiting for approval
+    w.annotations[PAUSE_ANNOTATION] = "true"
+    step()
+    del w.annotations[PAUSE_ANNOTATION]
+    step()  # resumed: verified again in the next pass
+    step()
+    w.annotations[PROMOTE_ANNOTATION] = "next"
+    step()  # batch 2's canary asked for (and ready at once in this world)
+    step()
+    assert seen == [
+        (Phase.PROGRESSING, 1, BatchState.UPSCALING, "False"),
+        (Phase.PROGRESSING, 1, BatchState.WAITING_FOR_APPROVAL, "True"),
+        (Phase.PAUSED, 1, BatchState.VERIFYING, "True"),
+        (Phase.PROGRESSING, 1, BatchState.VERIFYING, "False"),
+        (Phase.PROGRESSING, 1, BatchState.WAITING_FOR_APPROVAL, "True"),
+        (Phase.PROGRESSING, 2, BatchState.UPSCALING, "False"),
+        (Phase.PROGRESSING, 2, BatchState.VERIFYING, "False"),
+    ]
+    w.run(until={"Succeeded"})
+    assert w.status.batch_state is None
+
+
+def test_the_paused_condition_comes_from_the_state_not_the_message() -> None:
+    w = started(World(spec(trafficRouting=SERVICE, pause="30s")))
+    hold(w)
+    w.status = w.status.model_copy(update={"message": "batch 1/5: waiting for approval (said nobody)"})
+    plan = w.step()
+    assert plan.status.batch_state == BatchState.VERIFYING
+    assert {c.type: c.status for c in plan.status.conditions}[R.COND_PAUSED] == "False"
+
+
+def test_a_later_state_sees_the_world_as_the_earlier_actions_leave_it() -> None:
+    world = World(spec()).observed()
+    stable = world.target
+    assert stable is not None and stable.rolled_out(10, "app:v1") and not stable.settling()
+    scaled = project(world, ScaleStable(8)).target
+    assert scaled is not None and scaled.replicas == 8 and scaled.settling() and not scaled.rolled_out(8, "app:v1")
+    assert project(world, ScaleStable(10)) == world  # nothing changes: nothing to wait for
+    rolled = project(world, SetStableImage("app:v2", 10)).target
+    assert rolled is not None and rolled.image == "app:v2" and rolled.generation == stable.generation + 1
+    canary = project(world, EnsureCanary(replicas=2, image="app:v2", version="v2")).own_canary
+    assert canary is not None and (canary.replicas, canary.ready) == (2, 0) and not canary.rolled_out(2, "app:v2")
+    gone = project(project(world, EnsureCanary(2, "app:v2", "v2")), DeleteCanary()).canary
+    assert gone is not None and gone.deleting
+    annotated = replace(world, annotations={PROMOTE_ANNOTATION: "next", PAUSE_ANNOTATION: "true"})
+    assert project(annotated, RemoveAnnotations((PROMOTE_ANNOTATION,))).annotations == {PAUSE_ANNOTATION: "true"}
+    assert project(world, SetWeight(50)) is world

@@ -6,26 +6,37 @@ cluster, the new status, the events to post, and when to look again. The caller 
 order, then writes the status; a controller killed between the two plans again from the old status, and
 every action is idempotent, so no batch is skipped or repeated.
 
-The state is the phase and, while a batch is under way, its ``batchState``::
+The state is the phase and, while a batch is under way (Progressing, Paused), its ``batchState``::
 
-    (start) ──> Initializing ──> Progressing ─────────────────────────────────────> Promoting ──> Succeeded
-                (waits for the    ┌─────────────────────────────────────────────┐   stable := target,
-                 ReplicaSet)      │ batch k:  Upscaling ──> Verifying ──> next  │   weight 0, canary
-                                  │  (canary grows)  │   (live: pause,  batch   │   away
-                                  │                  └─> WaitingFor-   ──>      │
-                                  │                      Approval (promote=next)│
-                                  └─────────────────────────────────────────────┘
-                                      Paused <──> Progressing (the batch keeps its state)
+    (start) ──> Progressing: batch 1..N ─────────────────────────────────────────> Promoting ──> Succeeded
+                     Upscaling ──> Verifying ─────────────(pause over, gate passed)─┐
+                         ▲    └──> WaitingForApproval ───(promote=next)─────────────┤
+                         └──────────────── batch k+1 <──────────────────────────────┘ (after batch N: Promoting)
+    Progressing <──(pause / resume)──> Paused          promote=full: Promoting at once
+    Initializing, Progressing, Paused, Promoting ──(abort, failed gate, deadline, target gone)──> RollingBack
+    RollingBack ──> Aborted | Failed ──(retry, or a new targetVersion)──> start again
+    a new targetVersion mid-release: traffic back to the stable ──> Initializing ──> batch 1 of the new version
 
-    abort, a failed gate, a deadline, the target gone ──> RollingBack ──> Aborted | Failed
-    retry (Aborted, Failed) or a new targetVersion ──> start again;  deletion ──> the app restored
+    phase            batchState            handler         what it waits for, and where it goes then
+    (none)           -                     _start          the Deployment and a valid spec -> Progressing, Upscaling
+    InvalidSpec      -                     _start          (the same: the spec or the cluster fixed)
+    Initializing     -                     _start          a ReplicaSet to name the stable by
+    Progressing      Upscaling             _upscale        canary pods ready -> traffic moved -> Verifying or
+                                                           WaitingForApproval (pause: manual)
+    Progressing      Verifying             _verify         the pause and the gate -> next batch (Upscaling) or Promoting
+    Progressing      WaitingForApproval    _verify         promote=next -> next batch; promote=full -> Promoting
+    Paused           Upscaling, Verifying  _on_pause       the pause lifted -> Progressing, the batch as it was
+                                                           (one waiting for approval is Verifying while paused)
+    Promoting        -                     _promote        the stable on the target, then the canary gone -> Succeeded
+    RollingBack      -                     _rolling_back   the stable restored, then the canary gone -> Aborted/Failed
+    Succeeded, Aborted, Failed             _finished       nothing (a retry or a new version is a request, below)
 
-One handler per state, found in :data:`HANDLERS`. A handler plans what its state needs and either waits
-(for pods, a timer, an annotation: the pass ends) or moves to another state and lets that state's handler
-go on in the same pass, against the world as the actions planned so far will leave it (:func:`project`),
-never against the actions themselves. A pass verifies at most one batch: once a finished batch's successor
-is live, the pass ends and the next one looks again at once. Requests that cut across every state (an
-abort, a new version, a retry, the deletion) are looked at before the state's handler.
+A handler plans what its state needs and either waits (for pods, a timer, an annotation: the pass ends)
+or moves to another state and lets that state's handler go on in the same pass, against the world as the
+actions planned so far leave it (:func:`project`), never against the actions themselves. A pass verifies
+at most one batch: once a finished batch's successor is live, the pass ends and the next one looks again
+at once. Requests that cut across the states (a new targetVersion, a retry, an abort) are looked at
+first (:func:`_request`); a deletion restores the app through the same path as a rollback (:func:`_restore`).
 """
 
 from __future__ import annotations

@@ -139,9 +139,10 @@ class Workload:
         """This Deployment once its spec is changed so: a new generation, not yet observed; the pods
         are the ones there were."""
         mine = self.__dict__
-        if all(mine[k] == v for k, v in changes.items()):
-            return self
-        return _evolve(self, generation=self.generation + 1, **changes)
+        for k, v in changes.items():
+            if mine[k] != v:
+                return _evolve(self, generation=self.generation + 1, **changes)
+        return self
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,8 @@ class _Pass:
     def __init__(self, spec: GreyReleaseSpec, status: GreyReleaseStatus, world: Observed, now: datetime) -> None:
         self.spec = spec
         self.status = status
-        self.world = world
+        self._world = world
+        self._unseen: list[Action] = []  # planned, not yet projected onto _world
         self.now = now
         self.actions: list[Action] = []
         self.events: list[Event] = []
@@ -258,9 +260,18 @@ class _Pass:
         return self._steps[1]
 
     def act(self, *actions: Action) -> None:
-        for action in actions:
-            self.actions.append(action)
-            self.world = project(self.world, action)
+        self.actions.extend(actions)
+        self._unseen.extend(actions)
+
+    @property
+    def world(self) -> Observed:
+        """What was observed, as the actions planned so far leave it. (Projected when read: most passes
+        end with their actions, and nothing reads the world after them.)"""
+        if self._unseen:
+            for action in self._unseen:
+                self._world = project(self._world, action)
+            self._unseen.clear()
+        return self._world
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))

@@ -9,13 +9,13 @@ from typing import Any
 
 from .api import GROUP, KIND, RELEASE_LABEL, TRACK_LABEL, VERSION, VERSION_LABEL
 from .images import label_value
+from .kube import Obj
 from .planner import Workload
 
 TEMPLATE_HASH_ANNOTATION = "greyrelease.io/template-hash"
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 CANARY_SUFFIX = "-canary"
 
-Obj = dict[str, Any]
 
 
 def canary_name(stable_name: str) -> str:
@@ -23,7 +23,7 @@ def canary_name(stable_name: str) -> str:
 
 
 def pick_container(template_spec: Obj, container: str | None) -> Obj | None:
-    containers = template_spec.get("containers") or []
+    containers: list[Obj] = template_spec.get("containers") or []
     if not containers:
         return None
     if container is None:

@@ -1,14 +1,15 @@
-"""The read cache: which body wins, what a relist keeps, and what the caching client reads and folds."""
+"""The read cache: which body wins, what a relist keeps, what the caching Kube reads and folds, and the
+watch events that feed it."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
-from greyrelease.cache import CachingClient, Reflector, Store
-from greyrelease.kubeclient import ApiError, NotFound
+from greyrelease.cache import CachedKube, Store
+from greyrelease.kube import MemoryKube, NotFound, path
+from greyrelease.runtime import Runtime
 
 
 def obj(name: str, rv: int | str, ns: str = "default", **extra: Any) -> dict[str, Any]:
@@ -91,63 +92,29 @@ def test_namespaces_are_kept_apart() -> None:
     assert store.get("a", "web") is not None
 
 
-class FakeApi:
-    """Answers the KubeClient's requests from a dict of bodies, counting the requests it serves."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.rv = 100
-
-    def __call__(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
-        self.requests.append((method, path))
-        if method == "GET":
-            if path not in self.objects:
-                raise NotFound(404, "NotFound", path)
-            return self.objects[path]
-        self.rv += 1
-        if method == "DELETE":
-            if path not in self.objects:
-                raise NotFound(404, "NotFound", path)
-            gone = self.objects.pop(path)
-            meta = {**gone["metadata"], "resourceVersion": str(self.rv)}
-            if body.get("propagationPolicy") == "Foreground":  # held by the foregroundDeletion finalizer
-                meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-                self.objects[path] = {**gone, "metadata": meta}
-            return {**gone, "metadata": meta}
-        if method == "POST":
-            created = {**body, "metadata": {**body["metadata"], "namespace": "default", "resourceVersion": str(self.rv)}}
-            self.objects[f"{path}/{body['metadata']['name']}"] = created
-            return created
-        target = path.removesuffix("/status")
-        current = self.objects[target]
-        patched = {**current, **{k: v for k, v in body.items() if k != "metadata"}}
-        patched["metadata"] = {**current["metadata"], "resourceVersion": str(self.rv)}
-        self.objects[target] = patched
-        return patched
-
-
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 
 
+def deployment(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": spec}  # fmt: skip
+
+
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> tuple[CachingClient, FakeApi, Store]:
-    client = CachingClient.__new__(CachingClient)
-    client._stores = {}
-    client.hits = client.misses = 0
-    api = FakeApi()
-    monkeypatch.setattr(client, "request", api)
+def kube() -> tuple[CachedKube, MemoryKube, Store]:
+    api = MemoryKube()
+    client = CachedKube(api)
     store = Store()
     client.cache("/apis/apps/v1", "deployments", store)
     return client, api, store
 
 
-def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = kube
     store.fold({**obj("web", 5), "spec": {"replicas": 2}})
     assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 2}  # type: ignore[index]
     assert api.requests == []
-    api.objects[f"{DEPLOYMENTS}/other"] = obj("other", 6)
+    api.put(deployment("other"))
     assert client.get(f"{DEPLOYMENTS}/other") is not None
     assert api.requests == [("GET", f"{DEPLOYMENTS}/other")]
     assert client.get(f"{DEPLOYMENTS}/other") is not None  # kept from the first answer
@@ -156,123 +123,71 @@ def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachingC
     assert (client.hits, client.misses) == (2, 2)
 
 
-def test_writes_fold_their_responses(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_writes_fold_their_responses(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = kube
-    client.create(DEPLOYMENTS, {"metadata": {"name": "web"}, "spec": {"replicas": 1}})
-    assert version_of(store, "web") == "101"
-    store.fold({**obj("web", 100), "spec": {"replicas": 1}})  # a late watch event of an older state
+    created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}, "spec": {"replicas": 1}})
+    version = int(created["metadata"]["resourceVersion"])
+    assert version_of(store, "web") == str(version)
+    store.fold({**obj("web", version - 1), "spec": {"replicas": 1}})  # a late watch event of an older state
+    assert version_of(store, "web") == str(version)
     client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 4}})
     assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 4}  # type: ignore[index]
     assert [m for m, _ in api.requests] == ["POST", "PATCH"]
 
 
-def test_other_collections_are_not_cached(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_other_collections_are_not_cached(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = kube
     services = "/api/v1/namespaces/default/services"
-    api.objects[f"{services}/web"] = obj("web", 3)
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"}})
     client.get(f"{services}/web")
     client.get(f"{services}/web")
     assert len(api.requests) == 2 and len(store) == 0
 
 
-def test_nothing_is_served_until_ready(kube: tuple[CachingClient, FakeApi, Store]) -> None:
-    client, api, _ = kube
-    store = Store()
-    ready = threading.Event()
-    client.cache("/apis/apps/v1", "deployments", store, ready=ready.is_set)
-    store.fold(obj("web", 1))
-    api.objects[f"{DEPLOYMENTS}/web"] = obj("web", 2)
-    assert version_of(store, "web") == "1"
-    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
-    ready.set()
-    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
-    assert len(api.requests) == 1
-
-
-class ScriptedKube:
-    """Lists and watches played from a script: each list returns the next listing, each watch the next
-    list of events (or raises the next error)."""
-
-    def __init__(self, listings: list[dict[str, Any]], watches: list[Any], done: threading.Event) -> None:
-        self.listings, self.watches, self.done = listings, watches, done
-        self.calls: list[str] = []
-
-    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        self.calls.append("list")
-        return self.listings.pop(0)
-
-    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int) -> Any:
-        self.calls.append(f"watch@{resource_version}")
-        if not self.watches:
-            self.done.set()
-            threading.Event().wait(5)
-            return
-        step = self.watches.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        yield from step
-
-
-def test_reflector_follows_the_watch_and_lists_again_when_it_is_too_old() -> None:
-    done = threading.Event()
-    seen: list[tuple[str, str]] = []
-    scripted = ScriptedKube(
-        listings=[
-            {"metadata": {"resourceVersion": "10"}, "items": [obj("a", 3), obj("b", 4)]},
-            {"metadata": {"resourceVersion": "30"}, "items": [obj("a", 21), obj("c", 25)]},
-        ],
-        watches=[
-            [
-                {"type": "MODIFIED", "object": obj("a", 11)},
-                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
-                {"type": "DELETED", "object": obj("b", 16)},
-            ],
-            [{"type": "ERROR", "object": {"code": 410, "reason": "Expired"}}],
-            [{"type": "ADDED", "object": obj("d", 31)}],
-        ],
-        done=done,
-    )
-    reflector = Reflector(scripted, DEPLOYMENTS, on_change=lambda kind, o: seen.append((kind, o["metadata"]["name"])))  # type: ignore[arg-type]
-    reflector.start()
-    assert done.wait(5)
-    reflector.stop()
-    store = reflector.store
-    assert scripted.calls == ["list", "watch@10", "watch@16", "list", "watch@30", "watch@31"]
-    assert reflector.synced.is_set()
-    assert version_of(store, "a") == "21" and store.get("default", "b") is None
-    assert version_of(store, "c") == "25" and version_of(store, "d") == "31"
-    assert seen == [("MODIFIED", "a"), ("DELETED", "b"), ("ADDED", "d")]
-
-
-def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("greyrelease.cache.RETRY_DELAYS", (0.01,))
-    done = threading.Event()
-    scripted = ScriptedKube(
-        listings=[{"metadata": {"resourceVersion": "10"}, "items": []}],
-        watches=[ApiError(500, "InternalError", "etcd"), [{"type": "ADDED", "object": obj("a", 12)}]],
-        done=done,
-    )
-    reflector = Reflector(scripted, DEPLOYMENTS).start()  # type: ignore[arg-type]
-    assert done.wait(5)
-    reflector.stop()
-    assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]
-    assert version_of(reflector.store, "a") == "12"
-
-
 def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
-    kube: tuple[CachingClient, FakeApi, Store],
+    kube: tuple[CachedKube, MemoryKube, Store],
 ) -> None:
     client, api, store = kube
-    client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
+    created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
     client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
-    assert client.delete(f"{DEPLOYMENTS}/web") is True
+    assert client.delete(f"{DEPLOYMENTS}/web") is not None
     assert store.get("default", "web") is None
-    store.fold({**obj("web", 101)})  # a late watch event of the state before the deletion
+    store.fold(created)  # a late watch event of the state before the deletion
     assert store.get("default", "web") is None
     # Deleted in the foreground: still there, marked, until its pods are gone.
     client.delete(f"{DEPLOYMENTS}/held", propagation="Foreground")
     assert (store.get("default", "held") or {})["metadata"].get("deletionTimestamp")
     # Already gone: nothing is kept either.
     store.fold(obj("ghost", 90))
-    assert client.delete(f"{DEPLOYMENTS}/ghost") is False
+    assert client.delete(f"{DEPLOYMENTS}/ghost") is None
     assert store.get("default", "ghost") is None
+
+
+def test_a_write_answered_404_drops_the_object_from_memory(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, _, store = kube
+    store.fold(obj("web", 5))  # its deletion was never seen (a watch being reopened, say)
+    with pytest.raises(NotFound):
+        client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 1}})
+    assert store.get("default", "web") is None
+
+
+# --- the watch events that feed the stores (kopf's watches, handed to the runtime) -----------------
+
+
+def test_watch_events_feed_the_stores_and_the_reads() -> None:
+    api = MemoryKube()
+    rt = Runtime(api)
+    web = path("apps", "v1", "deployments", "default", "web")
+    svc = path("", "v1", "services", "default", "web")
+    rt.deployment_changed(obj("web", 3, spec={"replicas": 2}), None)  # kopf's first listing: no type
+    rt.deployment_changed(obj("web", 11, spec={"replicas": 3}), "MODIFIED")
+    rt.deployment_changed(obj("web", 9, spec={"replicas": 1}), "MODIFIED")  # late: the newer body stays
+    rt.service_changed(obj("web", 4, spec={"selector": {"app": "web"}}), "ADDED")
+    assert (rt.kube.get(web) or {})["spec"] == {"replicas": 3}
+    assert (rt.kube.get(svc) or {})["spec"] == {"selector": {"app": "web"}}
+    assert api.requests == []  # both served from memory
+    rt.deployment_changed(obj("web", 16), "DELETED")
+    rt.service_changed(obj("web", 17), "DELETED")
+    assert rt.deployments.get("default", "web") is None and rt.services.get("default", "web") is None
+    assert rt.kube.get(web) is None and rt.kube.get(svc) is None  # asked of the API server: not there
+    assert api.requests == [("GET", web), ("GET", svc)]

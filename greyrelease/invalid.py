@@ -1,0 +1,26 @@
+"""A spec the API server let through but the models refuse (e.g. under an older CRD): the release is
+marked InvalidSpec, with the first error naming its field, and nothing else is done."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+
+from . import reasons as R
+from .actions import Event, Plan
+from .api import GreyReleaseStatus
+
+
+def invalid_spec(status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Plan:
+    """The plan that records the error (an Event only when the message is new). Pure."""
+    first = err.errors()[0]
+    field = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
+    message = f"{field}: {first['msg']}"
+    changes: dict[str, object] = {"phase": "InvalidSpec", "message": message}
+    if status.phase != "InvalidSpec":
+        # RFC 3339, as every time in the status (validated into the model's own time type).
+        changes["phaseStartedAt"] = now.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    new = GreyReleaseStatus.model_validate({**status.model_dump(by_alias=True), **changes})
+    events = (Event("Warning", R.INVALID_SPEC, message),) if status.message != message else ()
+    return Plan(status=new, events=events)

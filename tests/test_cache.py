@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from greyrelease.cache import CachedKube, Store
 from greyrelease.kube import MemoryKube, NotFound, path
 from greyrelease.runtime import Runtime
@@ -147,7 +146,7 @@ def test_other_collections_are_not_cached(kube: tuple[CachedKube, MemoryKube, St
 def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
     kube: tuple[CachedKube, MemoryKube, Store],
 ) -> None:
-    client, api, store = kube
+    client, _, store = kube
     created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
     client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
     assert client.delete(f"{DEPLOYMENTS}/web") is not None

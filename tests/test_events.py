@@ -47,7 +47,9 @@ def test_the_same_event_from_another_state_is_posted_again() -> None:
     kube = MemoryKube()
     post_events(kube, release({"phase": "Progressing", "currentBatch": 1}), READY, NOW)
     post_events(kube, release({"phase": "Progressing", "currentBatch": 1, "batchReadyAt": "x"}), READY, NOW)
-    post_events(kube, release({"phase": "Progressing", "currentBatch": 1}, **{"greyrelease.io/pause": "true"}), READY, NOW)
+    post_events(
+        kube, release({"phase": "Progressing", "currentBatch": 1}, **{"greyrelease.io/pause": "true"}), READY, NOW
+    )
     assert len(kube.objects(EVENTS)) == 3
 
 

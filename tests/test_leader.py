@@ -1,10 +1,10 @@
 """Who may hold the Lease: pure."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from greyrelease.leader import claim
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def held_by(who: str, ago: float) -> dict:

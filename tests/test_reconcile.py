@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from greyrelease.kube import Conflict, MemoryKube, Obj, path
 from greyrelease.reconciler import Outcome, Reconciler
 

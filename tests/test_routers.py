@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-
 from greyrelease.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
 from greyrelease.api import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
 from greyrelease.kube import Conflict, MemoryKube, path
@@ -186,10 +185,30 @@ def test_canary_rules_copy_only_the_paths_to_the_stable_service(rules: list[Obj]
 @pytest.mark.parametrize(
     "weight, headers, expected",
     [
-        pytest.param(0, None, {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None}, id="prepared"),
-        pytest.param(30, None, {"canary": "true", "canary-weight": "30", "canary-by-header": None, "canary-by-header-value": None}, id="weight"),
-        pytest.param(30, {"X-Canary": "yes"}, {"canary": "true", "canary-weight": "30", "canary-by-header": "X-Canary", "canary-by-header-value": "yes"}, id="weight-and-header"),
-        pytest.param(0, {"X-Canary": "yes"}, {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None}, id="abort-drops-header"),
+        pytest.param(
+            0,
+            None,
+            {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None},
+            id="prepared",
+        ),
+        pytest.param(
+            30,
+            None,
+            {"canary": "true", "canary-weight": "30", "canary-by-header": None, "canary-by-header-value": None},
+            id="weight",
+        ),
+        pytest.param(
+            30,
+            {"X-Canary": "yes"},
+            {"canary": "true", "canary-weight": "30", "canary-by-header": "X-Canary", "canary-by-header-value": "yes"},
+            id="weight-and-header",
+        ),
+        pytest.param(
+            0,
+            {"X-Canary": "yes"},
+            {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None},
+            id="abort-drops-header",
+        ),
     ],
 )
 def test_canary_annotations(weight: int, headers: dict[str, str] | None, expected: Obj) -> None:
@@ -222,10 +241,22 @@ def test_ingress_patch_is_none_when_equal_and_only_what_changed_otherwise() -> N
     at20h = build_canary_ingress(user, stable_service="web", prefix=P, weight=20, header_match={"x": "1"}, owner=OWNER)
     assert ingress_patch(at0, at0, P) is None
     assert ingress_patch(at0, at20h, P) == {
-        "metadata": {"annotations": {f"{P}/canary-weight": "20", f"{P}/canary-by-header": "x", f"{P}/canary-by-header-value": "1"}}
+        "metadata": {
+            "annotations": {
+                f"{P}/canary-weight": "20",
+                f"{P}/canary-by-header": "x",
+                f"{P}/canary-by-header-value": "1",
+            }
+        }
     }
     assert ingress_patch(at20h, at0, P) == {
-        "metadata": {"annotations": {f"{P}/canary-weight": "0", f"{P}/canary-by-header": None, f"{P}/canary-by-header-value": None}}
+        "metadata": {
+            "annotations": {
+                f"{P}/canary-weight": "0",
+                f"{P}/canary-by-header": None,
+                f"{P}/canary-by-header-value": None,
+            }
+        }
     }
     moved = ingress({"host": "b.example", "http": {"paths": [http_path("web")]}})
     desired = build_canary_ingress(moved, stable_service="web", prefix=P, weight=0, header_match=None, owner=OWNER)
@@ -237,18 +268,31 @@ def test_ingress_patch_is_none_when_equal_and_only_what_changed_otherwise() -> N
     [
         pytest.param(service(), {"app": "web", "greyrelease.io/track": "canary"}, id="plain"),
         pytest.param(
-            merge(service(selector={"app": "web", "pod-template-hash": "h1"}),
-                  {"metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web"})}}}),
+            merge(
+                service(selector={"app": "web", "pod-template-hash": "h1"}),
+                {"metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web"})}}},
+            ),
             {"app": "web", "greyrelease.io/track": "canary"},
             id="narrowed-stable-uses-the-users-selector",
         ),
     ],
 )
 def test_canary_service_copies_ports_not_address(stable: Obj, selector: Obj) -> None:
-    stable = merge(stable, {"spec": {"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}})
+    stable = merge(
+        stable,
+        {
+            "spec": {
+                "type": "NodePort",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}],
+            }
+        },
+    )
     canary = build_canary_service(stable, owner=OWNER)
     assert canary["metadata"]["name"] == "web-canary" and canary["metadata"]["ownerReferences"] == [OWNER]
-    assert canary["spec"] == {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    assert canary["spec"] == {
+        "selector": selector,
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+    }
     stored = merge(canary, {"spec": {"clusterIP": "10.0.0.9", "type": "ClusterIP"}})
     assert service_patch(stored, canary) is None
 
@@ -263,38 +307,81 @@ HDR = {"x-canary": "yes"}
     "rules, weight, headers, expected",
     [
         pytest.param(
-            [{"backendRefs": [ref("web")]}], 0, None,
+            [{"backendRefs": [ref("web")]}],
+            0,
+            None,
             [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}],
             id="prepared",
         ),
         pytest.param(
-            [{"backendRefs": [ref("web")]}], 30, None,
+            [{"backendRefs": [ref("web")]}],
+            30,
+            None,
             [{"backendRefs": [ref("web", 70), ref("web-canary", 30)]}],
             id="alone-in-its-rule",
         ),
         pytest.param(
-            [{"backendRefs": [ref("web", 3), ref("legacy", 1)]}], 20, None,
+            [{"backendRefs": [ref("web", 3), ref("legacy", 1)]}],
+            20,
+            None,
             [{"backendRefs": [ref("web", 240), ref("web-canary", 60), ref("legacy", 100)]}],
             id="beside-another-backend-its-share-is-kept",
         ),
         pytest.param(
-            [{"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
-             {"backendRefs": [ref("web")]}], 100, None,
-            [{"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
-             {"backendRefs": [ref("web", 0), ref("web-canary", 100)]}],
+            [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
+                {"backendRefs": [ref("web")]},
+            ],
+            100,
+            None,
+            [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
+                {"backendRefs": [ref("web", 0), ref("web-canary", 100)]},
+            ],
             id="other-rules-untouched",
         ),
         pytest.param(
-            [{"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Canary", "value": "no"}]}],
-              "backendRefs": [ref("web", 5)]}], 10, HDR,
-            [{"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"type": "Exact", "name": "x-canary", "value": "yes"}]}],
-              "backendRefs": [ref("web-canary")]},
-             {"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Canary", "value": "no"}]}],
-              "backendRefs": [ref("web", 90), ref("web-canary", 10)]}],
+            [
+                {
+                    "name": "api",
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/api"},
+                            "headers": [{"name": "X-Canary", "value": "no"}],
+                        }
+                    ],
+                    "backendRefs": [ref("web", 5)],
+                }
+            ],
+            10,
+            HDR,
+            [
+                {
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/api"},
+                            "headers": [{"type": "Exact", "name": "x-canary", "value": "yes"}],
+                        }
+                    ],
+                    "backendRefs": [ref("web-canary")],
+                },
+                {
+                    "name": "api",
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/api"},
+                            "headers": [{"name": "X-Canary", "value": "no"}],
+                        }
+                    ],
+                    "backendRefs": [ref("web", 90), ref("web-canary", 10)],
+                },
+            ],
             id="header-rule-first-with-the-users-path",
         ),
         pytest.param(
-            [{"backendRefs": [ref("web")]}], 0, HDR,
+            [{"backendRefs": [ref("web")]}],
+            0,
+            HDR,
             [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}],
             id="weight-0-drops-the-header-rule",
         ),
@@ -335,7 +422,11 @@ def test_a_route_stored_with_the_upstream_defaults_compares_equal() -> None:
     [
         pytest.param(None, "HTTPRoute 'web' not found", id="missing"),
         pytest.param(route({"backendRefs": [ref("other")]}), "has no backendRef to Service 'web'", id="no-stable-rule"),
-        pytest.param(route({"backendRefs": [ref("web"), ref("web-canary")]}), "already routes to Service 'web-canary'", id="users-own-canary"),
+        pytest.param(
+            route({"backendRefs": [ref("web"), ref("web-canary")]}),
+            "already routes to Service 'web-canary'",
+            id="users-own-canary",
+        ),
         pytest.param(route({"backendRefs": [ref("web")]}), "", id="fine"),
     ],
 )
@@ -349,17 +440,38 @@ def test_route_problem(obj: Obj | None, message: str) -> None:
 
 # The stable Deployment and its ReplicaSet: where prepare() finds the hash to narrow to on a first pass.
 STABLE: list[Obj] = [
-    {"apiVersion": "apps/v1", "kind": "Deployment",
-     "metadata": {"name": "web", "namespace": NS, "uid": "web-uid", "annotations": {"deployment.kubernetes.io/revision": "1"}},
-     "spec": {"selector": {"matchLabels": {"app": "web"}}}},
-    {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-     "metadata": {"name": "web-stablehash", "namespace": NS, "labels": {"app": "web", "pod-template-hash": "stablehash"},
-                  "annotations": {"deployment.kubernetes.io/revision": "1"}, "ownerReferences": [{"uid": "web-uid", "controller": True}]}},
+    {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "web",
+            "namespace": NS,
+            "uid": "web-uid",
+            "annotations": {"deployment.kubernetes.io/revision": "1"},
+        },
+        "spec": {"selector": {"matchLabels": {"app": "web"}}},
+    },
+    {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": "web-stablehash",
+            "namespace": NS,
+            "labels": {"app": "web", "pod-template-hash": "stablehash"},
+            "annotations": {"deployment.kubernetes.io/revision": "1"},
+            "ownerReferences": [{"uid": "web-uid", "controller": True}],
+        },
+    },
 ]
 
 
 def nginx_world(*extra: Obj) -> MemoryKube:
-    return MemoryKube(ingress({"host": "a.example", "http": {"paths": [http_path("web"), http_path("static", "/s")]}}), service(), *STABLE, *extra)
+    return MemoryKube(
+        ingress({"host": "a.example", "http": {"paths": [http_path("web"), http_path("static", "/s")]}}),
+        service(),
+        *STABLE,
+        *extra,
+    )
 
 
 def gateway_world(*extra: Obj) -> MemoryKube:
@@ -373,16 +485,52 @@ FOREIGN_SERVICE = service("web-canary")
 @pytest.mark.parametrize(
     "world, routing, fields, message",
     [
-        pytest.param(lambda: nginx_world(FOREIGN_INGRESS), NGINX, {}, "Ingress 'web-canary' exists and is not owned by this release", id="nginx-foreign-ingress"),
-        pytest.param(lambda: nginx_world(FOREIGN_SERVICE), NGINX, {}, "Service 'web-canary' exists and is not owned by this release", id="nginx-foreign-service"),
-        pytest.param(lambda: gateway_world(FOREIGN_SERVICE), GATEWAY, {}, "Service 'web-canary' exists and is not owned by this release", id="gateway-foreign-service"),
-        pytest.param(lambda: MemoryKube(service()), NGINX, {}, "Ingress 'web' not found", id="nginx-no-ingress"),
-        pytest.param(lambda: MemoryKube(ingress({"http": {"paths": [http_path("web")]}})), NGINX, {}, "Service 'web' not found", id="nginx-no-service"),
-        pytest.param(lambda: MemoryKube(ingress({"http": {"paths": [http_path("x")]}}), service()), NGINX, {}, "has no path to Service 'web'", id="nginx-no-stable-path"),
         pytest.param(
-            nginx_world, NGINX,
-            {"batches": [{"replicas": 1, "headerMatch": {"a": "1", "b": "2"}}, {"replicas": 2}], "batchSize": None, "canaryWeight": None},
-            "spec.batches[0].headerMatch", id="nginx-two-headers",
+            lambda: nginx_world(FOREIGN_INGRESS),
+            NGINX,
+            {},
+            "Ingress 'web-canary' exists and is not owned by this release",
+            id="nginx-foreign-ingress",
+        ),
+        pytest.param(
+            lambda: nginx_world(FOREIGN_SERVICE),
+            NGINX,
+            {},
+            "Service 'web-canary' exists and is not owned by this release",
+            id="nginx-foreign-service",
+        ),
+        pytest.param(
+            lambda: gateway_world(FOREIGN_SERVICE),
+            GATEWAY,
+            {},
+            "Service 'web-canary' exists and is not owned by this release",
+            id="gateway-foreign-service",
+        ),
+        pytest.param(lambda: MemoryKube(service()), NGINX, {}, "Ingress 'web' not found", id="nginx-no-ingress"),
+        pytest.param(
+            lambda: MemoryKube(ingress({"http": {"paths": [http_path("web")]}})),
+            NGINX,
+            {},
+            "Service 'web' not found",
+            id="nginx-no-service",
+        ),
+        pytest.param(
+            lambda: MemoryKube(ingress({"http": {"paths": [http_path("x")]}}), service()),
+            NGINX,
+            {},
+            "has no path to Service 'web'",
+            id="nginx-no-stable-path",
+        ),
+        pytest.param(
+            nginx_world,
+            NGINX,
+            {
+                "batches": [{"replicas": 1, "headerMatch": {"a": "1", "b": "2"}}, {"replicas": 2}],
+                "batchSize": None,
+                "canaryWeight": None,
+            },
+            "spec.batches[0].headerMatch",
+            id="nginx-two-headers",
         ),
         pytest.param(lambda: MemoryKube(service()), GATEWAY, {}, "HTTPRoute 'web' not found", id="gateway-no-route"),
     ],
@@ -401,7 +549,14 @@ def test_problem_is_read_only_and_marks_the_release_invalid_before_anything_is_t
     assert plan.status.phase == "InvalidSpec" and plan.actions == () and message in plan.status.message
 
 
-@pytest.mark.parametrize("routing, foreign", [pytest.param(NGINX, FOREIGN_INGRESS, id="ingress"), pytest.param(NGINX, FOREIGN_SERVICE, id="service-nginx"), pytest.param(GATEWAY, FOREIGN_SERVICE, id="service-gateway")])
+@pytest.mark.parametrize(
+    "routing, foreign",
+    [
+        pytest.param(NGINX, FOREIGN_INGRESS, id="ingress"),
+        pytest.param(NGINX, FOREIGN_SERVICE, id="service-nginx"),
+        pytest.param(GATEWAY, FOREIGN_SERVICE, id="service-gateway"),
+    ],
+)
 def test_foreign_objects_are_refused_by_writes_and_left_alone_by_abort_and_reset(routing: Obj, foreign: Obj) -> None:
     kube = (nginx_world if "nginx" in routing else gateway_world)(foreign)
     before = kube.get(MemoryKube.path_of(foreign))
@@ -523,7 +678,9 @@ class RoutedWorld(World):
         if canary is not None:
             return {"weight": int(canary["metadata"]["annotations"][f"{P}/canary-weight"]), "narrowed": narrowed}
         rules = (self.kube.get(ROUTE) or {}).get("spec", {}).get("rules") or []
-        weights = [r.get("weight") for rule in rules for r in rule.get("backendRefs") or [] if r["name"] == "web-canary"]
+        weights = [
+            r.get("weight") for rule in rules for r in rule.get("backendRefs") or [] if r["name"] == "web-canary"
+        ]
         return {"weight": weights[0] if weights else None, "narrowed": narrowed}
 
 
@@ -534,7 +691,16 @@ def routed(routing: Obj, **fields: Any) -> RoutedWorld:
     return w
 
 
-BATCHES = {"batches": [{"replicas": 1, "weight": 20}, {"replicas": 2, "weight": 50}, {"replicas": 3, "weight": 80}, {"replicas": 4}], "batchSize": None, "canaryWeight": None}
+BATCHES = {
+    "batches": [
+        {"replicas": 1, "weight": 20},
+        {"replicas": 2, "weight": 50},
+        {"replicas": 3, "weight": 80},
+        {"replicas": 4},
+    ],
+    "batchSize": None,
+    "canaryWeight": None,
+}
 
 
 @pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
@@ -545,7 +711,13 @@ def test_full_release_moves_the_weights_and_leaves_the_users_objects_as_written(
     log = w.routing_log
     assert log[0] == (PrepareRouting(), {"weight": 0, "narrowed": True})
     # Prepared before the first canary pod: the planner's first plan prepares and creates nothing else.
-    assert [a for a, _ in log if isinstance(a, SetWeight)] == [SetWeight(20), SetWeight(50), SetWeight(80), SetWeight(100), SetWeight(0)]
+    assert [a for a, _ in log if isinstance(a, SetWeight)] == [
+        SetWeight(20),
+        SetWeight(50),
+        SetWeight(80),
+        SetWeight(100),
+        SetWeight(0),
+    ]
     assert [seen["weight"] for a, seen in log if isinstance(a, SetWeight)] == [20, 50, 80, 100, 0]
     # The narrowing goes before the stable rolls, and only then does the weight go back to stable.
     kinds = [type(a) for a, _ in log]
@@ -587,7 +759,15 @@ def test_abort_and_deletion_send_the_weight_to_zero_first_and_clean_up(routing: 
 
 def test_spec_model_accepts_both_modes() -> None:
     for routing in (NGINX, GATEWAY):
-        assert GreyReleaseSpec.model_validate({"targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 50, "trafficRouting": routing})
+        assert GreyReleaseSpec.model_validate(
+            {
+                "targetRef": {"name": "web"},
+                "targetVersion": "v2",
+                "batchSize": 1,
+                "canaryWeight": 50,
+                "trafficRouting": routing,
+            }
+        )
 
 
 class Crash(Exception):

@@ -234,3 +234,43 @@ def test_a_status_write_refused_with_409_fails_the_pass_and_the_next_one_records
     assert timeless(status_of(kube)) == expected_status
     assert reasons(kube) == expected_reasons
     assert apps(kube) == expected_apps
+
+
+ABORT = {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}}
+HELD = [{"replicas": 1}, {"replicas": 2, "pause": "1h"}, {"replicas": 4}]
+
+
+def held_at_batch_2(**spec: Any) -> MemoryKube:
+    """A release whose batch 2 is live and paused for an hour, then aborted."""
+    kube = cluster(batches=HELD, **spec)
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(20):
+        reconciler.reconcile(NS, "web", now=now)
+        status = status_of(kube)
+        if status.get("currentBatch") == 2 and status.get("batchReadyAt"):
+            break
+        roll_out(kube)
+        now += timedelta(seconds=10)
+    else:
+        raise AssertionError(f"batch 2 never went live: {status_of(kube)}")
+    kube.patch(RELEASE, ABORT)
+    return kube
+
+
+def test_a_controller_killed_before_any_write_of_an_abort_puts_everything_back() -> None:
+    routing = {"trafficRouting": {"service": {"name": "web"}}}
+    clean = held_at_batch_2(**routing)
+    clean.requests.clear()
+    run(clean, until={"Aborted"})
+    expected_status, expected_reasons, expected_apps = timeless(status_of(clean)), reasons(clean), apps(clean)
+    assert expected_apps == [{"name": "web", **{k: stable()["spec"][k] for k in ("replicas", "template")}}]
+    assert (clean.get(SERVICE) or {})["spec"]["selector"] == {"app": "web"}
+    for at in range(len(clean.writes)):
+        kube = held_at_batch_2(**routing)
+        kube.requests.clear()
+        crash_before_write(kube, at)
+        run(kube, until={"Aborted"})
+        assert timeless(status_of(kube)) == expected_status, f"killed before write {at}"
+        assert reasons(kube) == expected_reasons, f"killed before write {at}"
+        assert apps(kube) == expected_apps, f"killed before write {at}"
+        assert (kube.get(SERVICE) or {})["spec"]["selector"] == {"app": "web"}, f"killed before write {at}"

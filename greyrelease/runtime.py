@@ -154,6 +154,7 @@ class Runtime:
         self.kube.cache("/api/v1", "services", self.services)
         self.registry = Registry()
         self.reconciler = Reconciler(self.kube)
+        self.phases = metrics.Phases()
         self._pool: PassPool | None = None
 
     @property
@@ -184,7 +185,7 @@ class Runtime:
             outcome = await asyncio.wrap_future(
                 self.pool.submit(self.reconciler.reconcile, namespace, name, urgent=urgent, holds_routine=abort)
             )
-        metrics.record((namespace, name), outcome.plan if outcome else None)
+        self.phases.record((namespace, name), outcome.plan if outcome else None)
         return outcome
 
     async def run_release(self, namespace: str, name: str, stopped: Callable[[], bool],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -97,6 +98,37 @@ class KubeClient:
             error = {404: NotFound, 409: Conflict}.get(resp.status, ApiError)
             raise error(resp.status, str(payload.get("reason", "")), str(payload.get("message", "")))
         return payload
+
+    def watch(
+        self, path: str, *, resource_version: str | None, timeout_seconds: int = 290
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a watch of the collection ``path`` from ``resource_version``, as they come, until
+        the server ends the watch (after ``timeout_seconds``)."""
+        query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        resp = self._pool.request(
+            "GET",
+            self.host + path + "?" + urlencode(query),
+            headers=self._headers(),
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=10.0, read=timeout_seconds + 30.0),
+        )
+        try:
+            if resp.status >= 400:
+                payload = json.loads(resp.read() or b"{}")
+                raise ApiError(resp.status, str(payload.get("reason", "")), str(payload.get("message", "")))
+            pending = b""
+            for chunk in resp.stream(65536, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            # A watch left half-read cannot serve another request: its connection is closed, not reused.
+            resp.close()
+            resp.release_conn()
 
     def get(self, path: str) -> dict[str, Any] | None:
         try:

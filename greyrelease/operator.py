@@ -17,8 +17,9 @@ daemon: every pass plans from the object's ``status`` as last seen, so a restart
 where the last one stopped. Deletion is the exception: kopf stops the daemon when the object is marked
 for deletion, and an ``on.delete`` handler (retried with ``TemporaryError``) puts the app back.
 
-Reads come from memory (:mod:`greyrelease.cache`): GreyReleases, Deployments and Services as kopf's
-watches deliver them, each with the responses to our own writes folded in.
+Reads come from memory (:mod:`greyrelease.cache`): the GreyReleases as kopf's watch delivers them, the
+Deployments and Services from reflectors of our own (which also do the waking above; why not kopf's
+watches: see :class:`~greyrelease.cache.Reflector`), each with the responses to our own writes folded in.
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.networking.request_timeout = 30
     if not isinstance(memo.get("runtime"), Runtime):
         tuning = Tuning()
-        # Connections kept for every pass thread, and some to spare; only those opened cost anything.
-        memo["runtime"] = Runtime(KubeClient.from_environment(connections=tuning.threads + 16), tuning=tuning)
-    runtime(memo).pool  # noqa: B018 - the threads start now, not on the first pass
+        # Connections kept for every pass thread, and for the Deployment and Service watches (two per
+        # watched namespace) besides; only those opened cost anything.
+        api = KubeClient.from_environment(connections=tuning.threads + 64)
+        memo["runtime"] = rt = Runtime(api, tuning=tuning)
+        rt.pool  # noqa: B018 - the threads start now, not on the first pass
+        await rt.watch(api, list(memo.get("namespaces") or []))
 
 
 @kopf.on.cleanup()
@@ -103,7 +107,7 @@ async def release_daemon(name: str, namespace: str | None, stopped: kopf.DaemonS
     await runtime(memo).run_release(namespace or "", name, lambda: bool(stopped), sleep)
 
 
-# The event handlers below are coroutines on purpose: kopf runs plain functions in a thread pool, and an
+# The event handler below is a coroutine on purpose: kopf runs plain functions in a thread pool, and an
 # asyncio.Event set from another thread does not wake the loop that waits on it (the daemon would sleep
 # on until something else woke its loop, e.g. its own timeout).
 
@@ -111,16 +115,6 @@ async def release_daemon(name: str, namespace: str | None, stopped: kopf.DaemonS
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def release_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) -> None:
     runtime(memo).release_changed(cast(Obj, event["object"]), type)
-
-
-@kopf.on.event("apps", "v1", "deployments")
-async def deployment_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) -> None:
-    runtime(memo).deployment_changed(cast(Obj, event["object"]), type)
-
-
-@kopf.on.event("", "v1", "services")
-async def service_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) -> None:
-    runtime(memo).service_changed(cast(Obj, event["object"]), type)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)

@@ -1,8 +1,9 @@
 """The controller's state while it runs, in one object: the API client with its read cache, the stores
-kopf's watches feed, the wake-up wiring between watch events and the release daemons, the reconciler and
-the pass pool. One :class:`Runtime` is made at startup and handed to every kopf handler in ``memo``
-(kopf gives each object a shallow copy of the operator's memo, so they all share it); a test makes its
-own, on an in-memory :class:`~greyrelease.kube.Kube`.
+the watches feed (kopf's for GreyReleases, reflectors for Deployments and Services), the wake-up wiring
+between watch events and the release daemons, the reconciler and the pass pool. One :class:`Runtime`
+is made at startup and handed to every kopf handler in ``memo`` (kopf gives each object a shallow copy
+of the operator's memo, so they all share it); a test makes its own, on an in-memory
+:class:`~greyrelease.kube.Kube`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from . import metrics
 from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
-from .cache import CachedKube, Store
-from .kube import Kube, Obj
+from .cache import CachedKube, Reflector, Store, Watchable, wait_synced
+from .kube import Kube, Obj, path
 from .planner import aborting
 from .pool import PassPool
 from .reconciler import Outcome, Reconciler
@@ -52,6 +53,9 @@ class Tuning:
     #: server, a burst of aborts gets the releases' traffic cut before the rest of the work shares it.
     abort_quiet: float = 0.2
     abort_hold_max: float = 3.0
+    #: How long the controller waits at startup for its first list of Deployments before it goes on
+    #: (reads of Deployments go to the API server until that list is in).
+    sync_timeout: float = 60.0
 
 
 class Registry:
@@ -141,7 +145,8 @@ def fingerprint(body: Obj) -> Any:
 
 class Runtime:
     """What the controller keeps in memory while it runs. ``kube`` is the API client; every read of a
-    GreyRelease, Deployment or Service is served from the stores when they hold the object."""
+    GreyRelease (and, once :meth:`watch` has started, of a Deployment or Service) is served from the
+    stores when they hold the object."""
 
     def __init__(self, kube: Kube, *, tuning: Tuning | None = None) -> None:
         self.tuning = tuning or Tuning()
@@ -150,12 +155,11 @@ class Runtime:
         self.services = Store()
         self.kube = CachedKube(kube)
         self.kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, self.releases)
-        self.kube.cache("/apis/apps/v1", "deployments", self.deployments)
-        self.kube.cache("/api/v1", "services", self.services)
         self.registry = Registry()
         self.reconciler = Reconciler(self.kube)
         self.phases = metrics.Phases()
         self._pool: PassPool | None = None
+        self._reflectors: list[Reflector] = []
 
     @property
     def pool(self) -> PassPool:
@@ -170,6 +174,9 @@ class Runtime:
         return self._pool
 
     def stop(self) -> None:
+        for reflector in self._reflectors:
+            reflector.stop()
+        self._reflectors = []
         if self._pool is not None:
             self._pool.stop(wait=False)
             self._pool = None
@@ -253,23 +260,39 @@ class Runtime:
                 self.registry.aborting.add(key)
             self.registry.poke(key)
 
-    def deployment_changed(self, obj: Obj, type: str | None) -> None:
-        """Keep the Deployment's latest body, and wake the releases waiting on it (its readiness may have
-        changed), and every release about it when it is deleted. On the event loop."""
-        if type == "DELETED":
-            self.deployments.delete(obj)
-        else:
-            self.deployments.fold(obj)
-        meta = obj.get("metadata") or {}
-        for key in list(self.registry.by_deployment.get((meta.get("namespace", ""), meta.get("name", "")), ())):
+    def deployment_changed(self, namespace: str, name: str, type: str) -> None:
+        """Wake the releases waiting on this Deployment (its readiness may have changed), and every release
+        about it when it is deleted. On the event loop (the Deployment reflectors hand events over)."""
+        for key in list(self.registry.by_deployment.get((namespace, name), ())):
             if type == "DELETED":
                 self.registry.poke(key)
             elif self.registry.waiting.get(key):
                 self.registry.poke_soon(key, self.tuning.deployment_settle)
 
-    def service_changed(self, obj: Obj, type: str | None) -> None:
-        """Keep the Service's latest body: the routers read a Service before each write."""
-        if type == "DELETED":
-            self.services.delete(obj)
-        else:
-            self.services.fold(obj)
+    async def watch(self, api: Watchable, namespaces: list[str]) -> None:
+        """Deployments and Services in memory: one reflector of each per watched namespace (one for the
+        cluster when none is named), until :meth:`stop`. A changed Deployment wakes the releases about it.
+        The routers read a Service before each write (Service mode: the user's, to narrow or restore it;
+        the other modes: the canary Service); without the right to list Services, those reads go to the
+        API server. Waits (at most ``sync_timeout``) for the first lists: until then, reads of Deployments
+        go to the API server."""
+        loop = asyncio.get_running_loop()
+
+        def changed(kind: str, obj: Obj) -> None:
+            meta = obj.get("metadata") or {}
+            loop.call_soon_threadsafe(self.deployment_changed, meta.get("namespace", ""), meta.get("name", ""), kind)
+
+        def reflect(group: str, version: str, plural: str, store: Store, on_change: Any = None) -> list[Reflector]:
+            found = [
+                Reflector(api, path(group, version, plural, ns), store, on_change=on_change).start()
+                for ns in ([*namespaces] if namespaces else [None])
+            ]
+            prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+            self.kube.cache(prefix, plural, store, ready=lambda: all(r.synced.is_set() for r in found))
+            return found
+
+        deployments = reflect("apps", "v1", "deployments", self.deployments, changed)
+        self._reflectors = deployments + reflect("", "v1", "services", self.services)
+        timeout = self.tuning.sync_timeout
+        if not await asyncio.to_thread(wait_synced, deployments, timeout):
+            log.warning(f"Deployments not listed within {timeout:g}s; reading them from the API server meanwhile")

@@ -3,12 +3,13 @@ watch events that feed it."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from greyrelease.cache import CachedKube, Store
-from greyrelease.kube import MemoryKube, NotFound, path
-from greyrelease.runtime import Runtime
+from greyrelease.cache import CachedKube, Reflector, Store
+from greyrelease.kube import ApiError, MemoryKube, NotFound
+from tenacity import wait_fixed
 
 
 def obj(name: str, rv: int | str, ns: str = "default", **extra: Any) -> dict[str, Any]:
@@ -170,23 +171,85 @@ def test_a_write_answered_404_drops_the_object_from_memory(kube: tuple[CachedKub
     assert store.get("default", "web") is None
 
 
-# --- the watch events that feed the stores (kopf's watches, handed to the runtime) -----------------
+def test_nothing_is_served_until_ready(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, _ = kube
+    store = Store()
+    ready = threading.Event()
+    client.cache("/apis/apps/v1", "deployments", store, ready=ready.is_set)
+    store.fold(obj("web", 1))
+    stored = api.put(deployment("web"))["metadata"]["resourceVersion"]
+    assert version_of(store, "web") == "1"
+    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == stored  # type: ignore[index]
+    ready.set()
+    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == stored  # type: ignore[index]
+    assert len(api.requests) == 1
 
 
-def test_watch_events_feed_the_stores_and_the_reads() -> None:
-    api = MemoryKube()
-    rt = Runtime(api)
-    web = path("apps", "v1", "deployments", "default", "web")
-    svc = path("", "v1", "services", "default", "web")
-    rt.deployment_changed(obj("web", 3, spec={"replicas": 2}), None)  # kopf's first listing: no type
-    rt.deployment_changed(obj("web", 11, spec={"replicas": 3}), "MODIFIED")
-    rt.deployment_changed(obj("web", 9, spec={"replicas": 1}), "MODIFIED")  # late: the newer body stays
-    rt.service_changed(obj("web", 4, spec={"selector": {"app": "web"}}), "ADDED")
-    assert (rt.kube.get(web) or {})["spec"] == {"replicas": 3}
-    assert (rt.kube.get(svc) or {})["spec"] == {"selector": {"app": "web"}}
-    assert api.requests == []  # both served from memory
-    rt.deployment_changed(obj("web", 16), "DELETED")
-    rt.service_changed(obj("web", 17), "DELETED")
-    assert rt.deployments.get("default", "web") is None and rt.services.get("default", "web") is None
-    assert rt.kube.get(web) is None and rt.kube.get(svc) is None  # asked of the API server: not there
-    assert api.requests == [("GET", web), ("GET", svc)]
+class ScriptedKube:
+    """Lists and watches played from a script: each list returns the next listing, each watch the next
+    list of events (or raises the next error)."""
+
+    def __init__(self, listings: list[dict[str, Any]], watches: list[Any], done: threading.Event) -> None:
+        self.listings, self.watches, self.done = listings, watches, done
+        self.calls: list[str] = []
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.calls.append("list")
+        return self.listings.pop(0)
+
+    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int) -> Any:
+        self.calls.append(f"watch@{resource_version}")
+        if not self.watches:
+            self.done.set()
+            threading.Event().wait(5)
+            return
+        step = self.watches.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        yield from step
+
+
+def test_reflector_follows_the_watch_and_lists_again_when_it_is_too_old() -> None:
+    done = threading.Event()
+    seen: list[tuple[str, str]] = []
+    scripted = ScriptedKube(
+        listings=[
+            {"metadata": {"resourceVersion": "10"}, "items": [obj("a", 3), obj("b", 4)]},
+            {"metadata": {"resourceVersion": "30"}, "items": [obj("a", 21), obj("c", 25)]},
+        ],
+        watches=[
+            [
+                {"type": "MODIFIED", "object": obj("a", 11)},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+                {"type": "DELETED", "object": obj("b", 16)},
+            ],
+            [{"type": "ERROR", "object": {"code": 410, "reason": "Expired"}}],
+            [{"type": "ADDED", "object": obj("d", 31)}],
+        ],
+        done=done,
+    )
+    reflector = Reflector(scripted, DEPLOYMENTS, on_change=lambda kind, o: seen.append((kind, o["metadata"]["name"])))  # type: ignore[arg-type]
+    reflector.start()
+    assert done.wait(5)
+    reflector.stop()
+    store = reflector.store
+    assert scripted.calls == ["list", "watch@10", "watch@16", "list", "watch@30", "watch@31"]
+    assert reflector.synced.is_set()
+    assert version_of(store, "a") == "21" and store.get("default", "b") is None
+    assert version_of(store, "c") == "25" and version_of(store, "d") == "31"
+    assert seen == [("MODIFIED", "a"), ("DELETED", "b"), ("ADDED", "d")]
+
+
+def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("greyrelease.cache.WATCH_RETRY_WAIT", wait_fixed(0.01))
+    done = threading.Event()
+    scripted = ScriptedKube(
+        listings=[{"metadata": {"resourceVersion": "10"}, "items": []}],
+        watches=[ApiError(500, "InternalError", "etcd"), [{"type": "ADDED", "object": obj("a", 12)}]],
+        done=done,
+    )
+    reflector = Reflector(scripted, DEPLOYMENTS).start()  # type: ignore[arg-type]
+    assert done.wait(5)
+    reflector.stop()
+    assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]
+    assert version_of(reflector.store, "a") == "12"

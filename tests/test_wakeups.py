@@ -29,10 +29,9 @@ def wakes(registry: Registry, events: list[tuple[str, float]], settle: float = 0
 
         counter = asyncio.create_task(count())
         try:
-            for n, (kind, after) in enumerate(events):
+            for kind, after in events:
                 await asyncio.sleep(after)
-                meta = {"name": "web", "namespace": "shop", "resourceVersion": str(n + 1)}
-                rt.deployment_changed({"metadata": meta}, kind)
+                rt.deployment_changed("shop", "web", kind)
             await asyncio.sleep(settle * 4)
         finally:
             counter.cancel()

@@ -260,7 +260,10 @@ class MemoryKube:
         """The path of ``obj`` from its apiVersion, kind and metadata (for the kinds tests use)."""
         group, _, version = str(obj["apiVersion"]).rpartition("/")
         kind = str(obj["kind"])
-        plural = {"Ingress": "ingresses", "Endpoints": "endpoints"}.get(kind) or kind.lower() + "s"
+        lower = kind.lower()
+        plural = {"endpoints": "endpoints"}.get(lower) or (
+            lower[:-1] + "ies" if lower.endswith("y") else lower + "es" if lower.endswith("s") else lower + "s"
+        )
         meta = obj["metadata"]
         return path(group, version, plural, meta.get("namespace"), meta["name"])
 

@@ -1,4 +1,4 @@
-"""A thin Kubernetes REST client over plain dicts.
+"""The real :class:`~greyrelease.kube.Kube`: a thin Kubernetes REST client over plain dicts.
 
 The objects the controller handles are read and written as the JSON the API server speaks (the same shape
 as the YAML users write), with explicit patch types and typed errors. Credentials come from the
@@ -12,39 +12,24 @@ import ssl
 import threading
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-MERGE = "application/merge-patch+json"
-STRATEGIC = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
+from .api import Obj
+from .kube import MERGE, STRATEGIC, ApiError, Conflict, NotFound, path
 
-
-class ApiError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
-class NotFound(ApiError):
-    pass
-
-
-class Conflict(ApiError):
-    pass
+__all__ = ["MERGE", "STRATEGIC", "ApiError", "Conflict", "KubeClient", "NotFound", "load_configuration", "path"]
 
 
 def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
     cfg = k8s_client.Configuration()
     try:
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     except k8s_config.ConfigException:
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
     return cfg
 
 
@@ -159,35 +144,19 @@ class KubeClient:
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", path, body=body)
 
-    def patch(self, path: str, body: Any, *, patch_type: str = MERGE) -> dict[str, Any]:
+    def patch(self, path: str, body: Obj, *, patch_type: str = MERGE) -> dict[str, Any]:
         return self.request("PATCH", path, body=body, content_type=patch_type)
 
-    def delete(self, path: str, *, propagation: str = "Background") -> bool:
-        """Delete; False when it was already gone."""
+    def replace(self, path: str, body: Obj) -> dict[str, Any]:
+        return self.request("PUT", path, body=body)
+
+    def delete(self, path: str, *, propagation: str = "Background") -> dict[str, Any] | None:
+        """Delete; the API server's answer, None when it was already gone."""
         try:
-            out = self.request(
+            return self.request(
                 "DELETE",
                 path,
                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             )
         except NotFound:
-            self._deleted(path, None)
-            return False
-        self._deleted(path, out)
-        return True
-
-    def _deleted(self, path: str, response: Obj | None) -> None:
-        """Called after a DELETE with what the API server answered (None: it was not there)."""
-
-
-def path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
-    """The REST path of a collection or object: ``path("apps", "v1", "deployments", "ns", "web")``."""
-    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
-    if namespace is not None:
-        base += f"/namespaces/{quote(namespace)}"
-    base += f"/{plural}"
-    if name is not None:
-        base += f"/{quote(name)}"
-    if sub is not None:
-        base += f"/{sub}"
-    return base
+            return None

@@ -14,15 +14,16 @@ never act at once. With the defaults (10 s, 2 s) a killed leader is replaced wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import UTC, datetime, timedelta
 
-from .kubeclient import Conflict, KubeClient, path
+from .api import Obj
+from .kube import Conflict, Kube, path
 
 log = logging.getLogger("greyrelease.leader")
 
@@ -34,7 +35,7 @@ def identity() -> str:
 
 
 def _micro(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _parse(text: str | None) -> datetime | None:
@@ -43,7 +44,7 @@ def _parse(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def claim(spec: dict[str, Any], me: str, now: datetime, lease_seconds: int) -> dict[str, Any] | None:
+def claim(spec: Obj, me: str, now: datetime, lease_seconds: int) -> Obj | None:
     """The Lease spec that makes ``me`` the holder, or None when someone else holds a live lease. Pure."""
     holder = spec.get("holderIdentity") or ""
     renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
@@ -60,7 +61,7 @@ def claim(spec: dict[str, Any], me: str, now: datetime, lease_seconds: int) -> d
 
 
 class Lease:
-    def __init__(self, kube: KubeClient, *, namespace: str, name: str = LEASE_NAME, me: str | None = None,
+    def __init__(self, kube: Kube, *, namespace: str, name: str = LEASE_NAME, me: str | None = None,
                  lease_seconds: int = 10) -> None:  # fmt: skip
         self.kube = kube
         self.namespace = namespace
@@ -71,7 +72,7 @@ class Lease:
 
     def try_hold(self) -> bool:
         """One attempt to acquire or renew; True while we hold the lease."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         lease = self.kube.get(self.path)
         try:
             if lease is None:
@@ -86,7 +87,7 @@ class Lease:
                 return False
             # The resourceVersion makes this a compare-and-swap: of two candidates only one wins.
             lease["spec"] = spec
-            self.kube.request("PUT", self.path, body=lease)
+            self.kube.replace(self.path, lease)
             return True
         except Conflict:
             return False
@@ -102,10 +103,8 @@ class Lease:
             return
         lease["spec"]["holderIdentity"] = ""
         lease["spec"]["renewTime"] = None
-        try:
-            self.kube.request("PUT", self.path, body=lease)
-        except Conflict:
-            pass
+        with contextlib.suppress(Conflict):  # taken over meanwhile: nothing to give up
+            self.kube.replace(self.path, lease)
 
 
 async def lead(lease: Lease, *, renew_every: float = 2.0) -> None:
@@ -113,7 +112,8 @@ async def lead(lease: Lease, *, renew_every: float = 2.0) -> None:
     announced = False
     while not await asyncio.to_thread(_safe_try, lease):
         if not announced:
-            log.info(f"waiting for the lease {lease.namespace}/{lease.name} (held by {await asyncio.to_thread(lease.holder)})")
+            holder = await asyncio.to_thread(lease.holder)
+            log.info(f"waiting for the lease {lease.namespace}/{lease.name} (held by {holder})")
             announced = True
         await asyncio.sleep(renew_every)
     log.info(f"leading as {lease.me}")
@@ -135,6 +135,6 @@ async def keep(lease: Lease, lost: asyncio.Event, *, renew_every: float = 2.0) -
 def _safe_try(lease: Lease) -> bool:
     try:
         return lease.try_hold()
-    except Exception as err:  # noqa: BLE001 - an unreachable API server is a failed attempt
+    except Exception as err:  # an unreachable API server is a failed attempt
         log.warning(f"lease attempt failed: {err}")
         return False

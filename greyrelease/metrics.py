@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as _Counter
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from . import reasons as R
 from .actions import Plan
+from .api import Phase
 
 RELEASES = Gauge("greyrelease_releases", "GreyReleases by phase.", ["phase"])
 TRANSITIONS = Counter("greyrelease_batch_transitions_total", "Batches that went live (canary ready, weight set).")
@@ -38,28 +40,34 @@ QUERY = Histogram(
 )
 QUERY_ERRORS = Counter("greyrelease_prometheus_query_errors_total", "Prometheus queries that failed after retries.")
 
+_ROLLED_BACK = (Phase.ROLLING_BACK, Phase.ABORTED, Phase.FAILED)
 _ROLLBACK_REASONS = {
     R.ABORTED, R.PROGRESS_DEADLINE, R.ANALYSIS_FAILED, R.TARGET_DELETED, R.CANARY_CONFLICT,
 }  # fmt: skip
-_phases: dict[tuple[str, str], str] = {}
-_seen_phases: set[str] = set()
+class Phases:
+    """The phase of each release as last reconciled by this process, behind ``greyrelease_releases``."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phases: dict[tuple[str, str], str] = {}
+        self._seen: set[str] = set()
 
-def record(key: tuple[str, str], plan: Plan | None) -> None:
-    """Count what one reconcile did; ``plan`` None when the release is gone."""
-    if plan is None:
-        _phases.pop(key, None)
-    else:
-        _phases[key] = plan.status.phase or "Pending"
-        for event in plan.events:
-            if event.reason == R.BATCH_READY:
-                TRANSITIONS.inc()
-            elif event.reason in _ROLLBACK_REASONS and plan.status.phase in ("RollingBack", "Aborted", "Failed"):
-                ROLLBACKS.labels(reason=event.reason).inc()
-    counts = _Counter(_phases.values())
-    _seen_phases.update(counts)
-    for phase in _seen_phases:  # a phase nobody is in any more reads 0, not its last count
-        RELEASES.labels(phase=phase).set(counts.get(phase, 0))
+    def record(self, key: tuple[str, str], plan: Plan | None) -> None:
+        """Count what one reconcile did; ``plan`` None when the release is gone."""
+        with self._lock:
+            if plan is None:
+                self._phases.pop(key, None)
+            else:
+                self._phases[key] = plan.status.phase or "Pending"
+                for event in plan.events:
+                    if event.reason == R.BATCH_READY:
+                        TRANSITIONS.inc()
+                    elif event.reason in _ROLLBACK_REASONS and plan.status.phase in _ROLLED_BACK:
+                        ROLLBACKS.labels(reason=event.reason).inc()
+            counts = _Counter(self._phases.values())
+            self._seen.update(counts)
+            for phase in self._seen:  # a phase nobody is in any more reads 0, not its last count
+                RELEASES.labels(phase=phase).set(counts.get(phase, 0))
 
 
 def serve(port: int) -> None:

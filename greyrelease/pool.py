@@ -145,11 +145,11 @@ class PassPool:
                     if self._waited is not None:
                         try:
                             self._waited(work.urgent, time.monotonic() - work.at)
-                        except Exception:  # noqa: BLE001 - a failed report must not cost the pass or the thread
+                        except Exception:  # a failed report must not cost the pass or the thread
                             log.exception("reporting a pass's wait failed")
                     try:
                         result = work.fn(*work.args)
-                    except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+                    except BaseException as err:  # handed to whoever waits on the future
                         work.future.set_exception(err)
                     else:
                         work.future.set_result(result)

@@ -7,10 +7,11 @@ fails comes back as an error sample, which the gate counts as an error and never
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from prometheus_api_client import PrometheusConnect
-from requests.adapters import Retry
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+from urllib3.util.retry import Retry
 
 from .analysis import Sample
 from .metrics import QUERY, QUERY_ERRORS
@@ -36,10 +37,10 @@ class Prometheus:
         retry=retry_if_exception_type(QueryError),
         reraise=True,
     )
-    def _query(self, promql: str) -> list[dict]:
+    def _query(self, promql: str) -> list[dict[str, Any]]:
         try:
             return list(self._client.custom_query(promql))
-        except Exception as err:  # noqa: BLE001 - the client raises requests' and its own errors
+        except Exception as err:  # the client raises requests' and its own errors
             raise QueryError(str(err).splitlines()[0][:200]) from err
 
     def sample(self, promql: str) -> Sample:

@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-from .api import GROUP, KIND, RELEASE_LABEL, TRACK_LABEL, VERSION, VERSION_LABEL
+from .api import GROUP, KIND, RELEASE_LABEL, TRACK_LABEL, VERSION, VERSION_LABEL, Obj
 from .images import label_value
 from .planner import Workload
 
@@ -15,7 +15,6 @@ TEMPLATE_HASH_ANNOTATION = "greyrelease.io/template-hash"
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 CANARY_SUFFIX = "-canary"
 
-Obj = dict[str, Any]
 
 
 def canary_name(stable_name: str) -> str:
@@ -23,7 +22,7 @@ def canary_name(stable_name: str) -> str:
 
 
 def pick_container(template_spec: Obj, container: str | None) -> Obj | None:
-    containers = template_spec.get("containers") or []
+    containers: list[Obj] = template_spec.get("containers") or []
     if not containers:
         return None
     if container is None:

@@ -16,16 +16,30 @@ from greyrelease.workload import (
 )
 
 STABLE = {
-    "metadata": {"name": "web", "namespace": "shop", "uid": "d-uid", "generation": 3, "labels": {"app": "web"},
-                 "annotations": {"deployment.kubernetes.io/revision": "2"}},
+    "metadata": {
+        "name": "web",
+        "namespace": "shop",
+        "uid": "d-uid",
+        "generation": 3,
+        "labels": {"app": "web"},
+        "annotations": {"deployment.kubernetes.io/revision": "2"},
+    },
     "spec": {
         "replicas": 10,
         "selector": {"matchLabels": {"app": "web"}},
         "strategy": {"type": "RollingUpdate"},
-        "template": {"metadata": {"labels": {"app": "web"}},
-                     "spec": {"containers": [{"name": "app", "image": "app:v1"}, {"name": "proxy", "image": "envoy:1"}]}},
+        "template": {
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "app:v1"}, {"name": "proxy", "image": "envoy:1"}]},
+        },
     },
-    "status": {"observedGeneration": 3, "replicas": 10, "readyReplicas": 9, "updatedReplicas": 10, "availableReplicas": 9},
+    "status": {
+        "observedGeneration": 3,
+        "replicas": 10,
+        "readyReplicas": 9,
+        "updatedReplicas": 10,
+        "availableReplicas": 9,
+    },
 }
 RELEASE = {"metadata": {"name": "web-release", "uid": "r-uid"}}
 
@@ -34,8 +48,12 @@ def test_canary_copies_the_template_with_the_new_image_and_a_selector_that_exclu
     canary = build_canary(STABLE, RELEASE, image="app:v2", version="v2", replicas=2, container=None)
     assert canary["metadata"]["name"] == "web-canary"
     assert canary["metadata"]["ownerReferences"][0] == {
-        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "name": "web-release", "uid": "r-uid",
-        "controller": True, "blockOwnerDeletion": True,
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "name": "web-release",
+        "uid": "r-uid",
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
     assert canary["spec"]["selector"]["matchLabels"] == {"app": "web", "greyrelease.io/track": "canary"}
     labels = canary["spec"]["template"]["metadata"]["labels"]
@@ -61,7 +79,11 @@ def test_canary_patch_is_none_when_nothing_changed_and_minimal_otherwise() -> No
     assert canary_patch(existing, scaled) == {"spec": {"replicas": 5}}
     newer = build_canary(STABLE, RELEASE, image="app:v3", version="v3", replicas=2, container=None)
     patch = canary_patch(existing, newer)
-    assert patch is not None and patch["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] != existing["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+    assert (
+        patch is not None
+        and patch["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+        != existing["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+    )
 
 
 def test_stable_image_patch() -> None:
@@ -81,9 +103,14 @@ def test_workload_of_reads_the_released_container_and_readiness() -> None:
 
 def test_current_template_hash_picks_the_owned_replicaset_of_the_current_revision() -> None:
     def rs(name: str, owner: str, revision: str, hash_: str) -> dict:
-        return {"metadata": {"name": name, "labels": {"pod-template-hash": hash_},
-                             "annotations": {"deployment.kubernetes.io/revision": revision},
-                             "ownerReferences": [{"uid": owner, "controller": True}]}}
+        return {
+            "metadata": {
+                "name": name,
+                "labels": {"pod-template-hash": hash_},
+                "annotations": {"deployment.kubernetes.io/revision": revision},
+                "ownerReferences": [{"uid": owner, "controller": True}],
+            }
+        }
 
     sets = [rs("old", "d-uid", "1", "aaa"), rs("other", "x-uid", "2", "bbb"), rs("cur", "d-uid", "2", "ccc")]
     assert current_template_hash(STABLE, sets) == "ccc"
@@ -93,11 +120,15 @@ def test_selector_narrowing_and_exact_restore() -> None:
     svc = {"metadata": {"annotations": {}}, "spec": {"selector": {"app": "web", "tier": "fe"}}}
     patch = narrowing_patch(svc, "hash1")
     assert patch == {
-        "metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web", "tier": "fe"}, sort_keys=True)}},
+        "metadata": {
+            "annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web", "tier": "fe"}, sort_keys=True)}
+        },
         "spec": {"selector": {"pod-template-hash": "hash1"}},
     }
-    narrowed = {"metadata": {"annotations": patch["metadata"]["annotations"]},
-                "spec": {"selector": {"app": "web", "tier": "fe", "pod-template-hash": "hash1"}}}
+    narrowed = {
+        "metadata": {"annotations": patch["metadata"]["annotations"]},
+        "spec": {"selector": {"app": "web", "tier": "fe", "pod-template-hash": "hash1"}},
+    }
     assert narrowing_patch(narrowed, "hash1") is None  # idempotent
     assert restoring_patch(narrowed) == {
         "metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: None}},

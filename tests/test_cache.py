@@ -1,4 +1,5 @@
-"""The read cache: which body wins, what a relist keeps, and what the caching client reads and folds."""
+"""The read cache: which body wins, what a relist keeps, what the caching Kube reads and folds, and the
+watch events that feed it."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import threading
 from typing import Any
 
 import pytest
-
-from greyrelease.cache import CachingClient, Reflector, Store
-from greyrelease.kubeclient import ApiError, NotFound
+from greyrelease.cache import CachedKube, Reflector, Store
+from greyrelease.kube import ApiError, MemoryKube, NotFound
+from tenacity import wait_fixed
 
 
 def obj(name: str, rv: int | str, ns: str = "default", **extra: Any) -> dict[str, Any]:
@@ -91,63 +92,29 @@ def test_namespaces_are_kept_apart() -> None:
     assert store.get("a", "web") is not None
 
 
-class FakeApi:
-    """Answers the KubeClient's requests from a dict of bodies, counting the requests it serves."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.rv = 100
-
-    def __call__(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
-        self.requests.append((method, path))
-        if method == "GET":
-            if path not in self.objects:
-                raise NotFound(404, "NotFound", path)
-            return self.objects[path]
-        self.rv += 1
-        if method == "DELETE":
-            if path not in self.objects:
-                raise NotFound(404, "NotFound", path)
-            gone = self.objects.pop(path)
-            meta = {**gone["metadata"], "resourceVersion": str(self.rv)}
-            if body.get("propagationPolicy") == "Foreground":  # held by the foregroundDeletion finalizer
-                meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-                self.objects[path] = {**gone, "metadata": meta}
-            return {**gone, "metadata": meta}
-        if method == "POST":
-            created = {**body, "metadata": {**body["metadata"], "namespace": "default", "resourceVersion": str(self.rv)}}
-            self.objects[f"{path}/{body['metadata']['name']}"] = created
-            return created
-        target = path.removesuffix("/status")
-        current = self.objects[target]
-        patched = {**current, **{k: v for k, v in body.items() if k != "metadata"}}
-        patched["metadata"] = {**current["metadata"], "resourceVersion": str(self.rv)}
-        self.objects[target] = patched
-        return patched
-
-
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 
 
+def deployment(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": spec}  # fmt: skip
+
+
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> tuple[CachingClient, FakeApi, Store]:
-    client = CachingClient.__new__(CachingClient)
-    client._stores = {}
-    client.hits = client.misses = 0
-    api = FakeApi()
-    monkeypatch.setattr(client, "request", api)
+def kube() -> tuple[CachedKube, MemoryKube, Store]:
+    api = MemoryKube()
+    client = CachedKube(api)
     store = Store()
     client.cache("/apis/apps/v1", "deployments", store)
     return client, api, store
 
 
-def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = kube
     store.fold({**obj("web", 5), "spec": {"replicas": 2}})
     assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 2}  # type: ignore[index]
     assert api.requests == []
-    api.objects[f"{DEPLOYMENTS}/other"] = obj("other", 6)
+    api.put(deployment("other"))
     assert client.get(f"{DEPLOYMENTS}/other") is not None
     assert api.requests == [("GET", f"{DEPLOYMENTS}/other")]
     assert client.get(f"{DEPLOYMENTS}/other") is not None  # kept from the first answer
@@ -156,36 +123,65 @@ def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachingC
     assert (client.hits, client.misses) == (2, 2)
 
 
-def test_writes_fold_their_responses(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_writes_fold_their_responses(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = kube
-    client.create(DEPLOYMENTS, {"metadata": {"name": "web"}, "spec": {"replicas": 1}})
-    assert version_of(store, "web") == "101"
-    store.fold({**obj("web", 100), "spec": {"replicas": 1}})  # a late watch event of an older state
+    created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}, "spec": {"replicas": 1}})
+    version = int(created["metadata"]["resourceVersion"])
+    assert version_of(store, "web") == str(version)
+    store.fold({**obj("web", version - 1), "spec": {"replicas": 1}})  # a late watch event of an older state
+    assert version_of(store, "web") == str(version)
     client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 4}})
     assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 4}  # type: ignore[index]
     assert [m for m, _ in api.requests] == ["POST", "PATCH"]
 
 
-def test_other_collections_are_not_cached(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_other_collections_are_not_cached(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = kube
     services = "/api/v1/namespaces/default/services"
-    api.objects[f"{services}/web"] = obj("web", 3)
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"}})
     client.get(f"{services}/web")
     client.get(f"{services}/web")
     assert len(api.requests) == 2 and len(store) == 0
 
 
-def test_nothing_is_served_until_ready(kube: tuple[CachingClient, FakeApi, Store]) -> None:
+def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
+    kube: tuple[CachedKube, MemoryKube, Store],
+) -> None:
+    client, _, store = kube
+    created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
+    client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
+    assert client.delete(f"{DEPLOYMENTS}/web") is not None
+    assert store.get("default", "web") is None
+    store.fold(created)  # a late watch event of the state before the deletion
+    assert store.get("default", "web") is None
+    # Deleted in the foreground: still there, marked, until its pods are gone.
+    client.delete(f"{DEPLOYMENTS}/held", propagation="Foreground")
+    assert (store.get("default", "held") or {})["metadata"].get("deletionTimestamp")
+    # Already gone: nothing is kept either.
+    store.fold(obj("ghost", 90))
+    assert client.delete(f"{DEPLOYMENTS}/ghost") is None
+    assert store.get("default", "ghost") is None
+
+
+def test_a_write_answered_404_drops_the_object_from_memory(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, _, store = kube
+    store.fold(obj("web", 5))  # its deletion was never seen (a watch being reopened, say)
+    with pytest.raises(NotFound):
+        client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 1}})
+    assert store.get("default", "web") is None
+
+
+def test_nothing_is_served_until_ready(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, _ = kube
     store = Store()
     ready = threading.Event()
     client.cache("/apis/apps/v1", "deployments", store, ready=ready.is_set)
     store.fold(obj("web", 1))
-    api.objects[f"{DEPLOYMENTS}/web"] = obj("web", 2)
+    stored = api.put(deployment("web"))["metadata"]["resourceVersion"]
     assert version_of(store, "web") == "1"
-    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
+    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == stored  # type: ignore[index]
     ready.set()
-    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
+    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == stored  # type: ignore[index]
     assert len(api.requests) == 1
 
 
@@ -245,7 +241,7 @@ def test_reflector_follows_the_watch_and_lists_again_when_it_is_too_old() -> Non
 
 
 def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("greyrelease.cache.RETRY_DELAYS", (0.01,))
+    monkeypatch.setattr("greyrelease.cache.WATCH_RETRY_WAIT", wait_fixed(0.01))
     done = threading.Event()
     scripted = ScriptedKube(
         listings=[{"metadata": {"resourceVersion": "10"}, "items": []}],
@@ -257,22 +253,3 @@ def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: 
     reflector.stop()
     assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]
     assert version_of(reflector.store, "a") == "12"
-
-
-def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
-    kube: tuple[CachingClient, FakeApi, Store],
-) -> None:
-    client, api, store = kube
-    client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
-    client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
-    assert client.delete(f"{DEPLOYMENTS}/web") is True
-    assert store.get("default", "web") is None
-    store.fold({**obj("web", 101)})  # a late watch event of the state before the deletion
-    assert store.get("default", "web") is None
-    # Deleted in the foreground: still there, marked, until its pods are gone.
-    client.delete(f"{DEPLOYMENTS}/held", propagation="Foreground")
-    assert (store.get("default", "held") or {})["metadata"].get("deletionTimestamp")
-    # Already gone: nothing is kept either.
-    store.fold(obj("ghost", 90))
-    assert client.delete(f"{DEPLOYMENTS}/ghost") is False
-    assert store.get("default", "ghost") is None

@@ -1,10 +1,10 @@
 """Who may hold the Lease: pure."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from greyrelease.leader import claim
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def held_by(who: str, ago: float) -> dict:
@@ -34,3 +34,45 @@ def test_own_lease_is_renewed_without_a_transition() -> None:
 def test_released_lease_is_free() -> None:
     spec = claim({**held_by("b", 1), "holderIdentity": ""}, "a", NOW, 10)
     assert spec is not None and spec["holderIdentity"] == "a"
+
+
+# --- the Lease on the in-memory API server ----------------------------------------------------------
+
+
+def test_two_candidates_one_holder_and_a_clean_release_frees_the_lease_at_once() -> None:
+    from greyrelease.kube import MemoryKube
+    from greyrelease.leader import Lease
+
+    kube = MemoryKube()
+    a = Lease(kube, namespace="greyrelease-system", me="a")
+    b = Lease(kube, namespace="greyrelease-system", me="b")
+    assert a.try_hold() and not b.try_hold()
+    assert a.try_hold()  # renewed
+    assert b.holder() == "a"
+    a.release()
+    assert b.try_hold() and not a.try_hold() and a.holder() == "b"
+
+
+def test_a_candidate_that_read_the_lease_before_another_took_it_over_does_not_take_it() -> None:
+    import copy
+
+    from greyrelease.kube import MemoryKube, Obj
+    from greyrelease.leader import Lease
+
+    kube = MemoryKube()
+    old = Lease(kube, namespace="ns", me="old", lease_seconds=1)
+    assert old.try_hold()
+    expired = kube.get(old.path) or {}
+    expired["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+    kube.put(expired)  # the old leader stopped renewing long ago
+    seen = kube.get(old.path) or {}
+    assert Lease(kube, namespace="ns", me="c").try_hold()  # c takes it over
+
+    class ReadBeforeTheTakeover(MemoryKube):
+        def get(self, path: str) -> Obj | None:
+            return copy.deepcopy(seen)
+
+    late = ReadBeforeTheTakeover()
+    late.replace = kube.replace  # type: ignore[method-assign]
+    assert not Lease(late, namespace="ns", me="b").try_hold()  # its PUT of the stale version is refused
+    assert old.holder() == "c"

@@ -10,10 +10,10 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-
 from greyrelease.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
 from greyrelease.api import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.kubeclient import MERGE, Conflict, path
+from greyrelease.kube import Conflict, MemoryKube, path
+from greyrelease.kube import merge_patch as merge
 from greyrelease.planner import decide
 from greyrelease.routers import Router, router_for
 from greyrelease.routers.canary_service import build_canary_service, service_patch
@@ -95,79 +95,30 @@ def route(*rules: Obj) -> Obj:
     }
 
 
-# --- an in-memory API server, enough for the routers -----------------------------------------------
+# --- the in-memory API server, and what the tests read of it --------------------------------------
 
 
-def merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge(out.get(k), v)
-    return out
+WRITE_NAMES = {"POST": "create", "PATCH": "patch", "PUT": "replace", "DELETE": "delete"}
 
 
-class FakeKube:
-    """Objects by API path; merge patches with the resourceVersion precondition; every write logged."""
+def writes(kube: MemoryKube) -> list[tuple[str, str]]:
+    """The writes since the requests were last cleared, as ("create" | "patch" | "delete", path)."""
+    return [(WRITE_NAMES[verb], p) for verb, p in kube.writes]
 
-    def __init__(self, *objects: Obj) -> None:
-        self.objects: dict[str, Obj] = {}
-        self.writes: list[tuple[str, str]] = []
-        self.version = 1
-        for obj in objects:
-            self.put(obj)
 
-    @staticmethod
-    def path_of(obj: Obj) -> str:
-        group, _, version = obj["apiVersion"].rpartition("/")
-        plural = {"Ingress": "ingresses", "Service": "services", "HTTPRoute": "httproutes",
-                  "Deployment": "deployments", "ReplicaSet": "replicasets"}[obj["kind"]]
-        return path(group, version, plural, obj["metadata"]["namespace"], obj["metadata"]["name"])
+def by_path(kube: MemoryKube) -> dict[str, Obj]:
+    return {MemoryKube.path_of(o): o for o in kube.objects()}
 
-    def put(self, obj: Obj) -> None:
-        obj = copy.deepcopy(obj)
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        for key in ("annotations", "labels"):  # the API server drops empty maps
-            if obj["metadata"].get(key) == {}:
-                del obj["metadata"][key]
-        self.objects[self.path_of(obj)] = obj
 
-    def get(self, p: str) -> Obj | None:
-        found = self.objects.get(p)
-        return copy.deepcopy(found) if found is not None else None
+#: What the API server sets on every object and bumps on writes.
+SERVER_FIELDS = ("resourceVersion", "generation", "uid", "creationTimestamp")
 
-    def create(self, collection: str, body: Obj) -> Obj:
-        p = f"{collection}/{body['metadata']['name']}"
-        assert p not in self.objects, f"{p} exists"
-        self.writes.append(("create", p))
-        self.put(body)
-        return self.get(p) or {}
 
-    def patch(self, p: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        assert patch_type == MERGE and p in self.objects
-        want = (body.get("metadata") or {}).get("resourceVersion")
-        if want is not None and want != self.objects[p]["metadata"]["resourceVersion"]:
-            raise Conflict(409, "Conflict", "the object has been modified")
-        self.writes.append(("patch", p))
-        self.put(merge(self.objects[p], body))
-        return self.get(p) or {}
-
-    def delete(self, p: str, *, propagation: str = "Background") -> bool:
-        self.writes.append(("delete", p))
-        return self.objects.pop(p, None) is not None
-
-    def list(self, p: str, *, label_selector: str | None = None) -> list[Obj]:
-        wanted = dict(term.split("=") for term in (label_selector or "").split(",") if "=" in term)
-        return [
-            copy.deepcopy(obj)
-            for key, obj in self.objects.items()
-            if key.startswith(p + "/") and wanted.items() <= (obj["metadata"].get("labels") or {}).items()
-        ]
+def without_server_fields(obj: Obj) -> Obj:
+    obj = copy.deepcopy(obj)
+    for key in SERVER_FIELDS:
+        obj["metadata"].pop(key, None)
+    return obj
 
 
 ING = path("networking.k8s.io", "v1", "ingresses", NS, "web")
@@ -177,18 +128,17 @@ CANARY_SVC = path("", "v1", "services", NS, "web-canary")
 ROUTE = path("gateway.networking.k8s.io", "v1", "httproutes", NS, "web")
 
 
-def user_objects(kube: FakeKube) -> dict[str, Obj]:
-    """The user's objects without the fields the store bumps on every write."""
+def user_objects(kube: MemoryKube) -> dict[str, Obj]:
+    """The user's objects without the fields the API server sets and bumps on writes."""
     out = {}
     for p in (ING, SVC, ROUTE):
         obj = kube.get(p)
         if obj is not None:
-            obj["metadata"].pop("resourceVersion")
-            out[p] = obj
+            out[p] = without_server_fields(obj)
     return out
 
 
-def make_router(kube: FakeKube, routing: Obj, status: GreyReleaseStatus | None = None, **fields: Any) -> Router:
+def make_router(kube: MemoryKube, routing: Obj, status: GreyReleaseStatus | None = None, **fields: Any) -> Router:
     s = spec(trafficRouting=routing, **fields)
     st = status or GreyReleaseStatus(stable_pod_template_hash="stablehash")
     return router_for(kube, namespace=NS, release=RELEASE, spec=s, status=st)  # type: ignore[arg-type]
@@ -235,10 +185,30 @@ def test_canary_rules_copy_only_the_paths_to_the_stable_service(rules: list[Obj]
 @pytest.mark.parametrize(
     "weight, headers, expected",
     [
-        pytest.param(0, None, {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None}, id="prepared"),
-        pytest.param(30, None, {"canary": "true", "canary-weight": "30", "canary-by-header": None, "canary-by-header-value": None}, id="weight"),
-        pytest.param(30, {"X-Canary": "yes"}, {"canary": "true", "canary-weight": "30", "canary-by-header": "X-Canary", "canary-by-header-value": "yes"}, id="weight-and-header"),
-        pytest.param(0, {"X-Canary": "yes"}, {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None}, id="abort-drops-header"),
+        pytest.param(
+            0,
+            None,
+            {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None},
+            id="prepared",
+        ),
+        pytest.param(
+            30,
+            None,
+            {"canary": "true", "canary-weight": "30", "canary-by-header": None, "canary-by-header-value": None},
+            id="weight",
+        ),
+        pytest.param(
+            30,
+            {"X-Canary": "yes"},
+            {"canary": "true", "canary-weight": "30", "canary-by-header": "X-Canary", "canary-by-header-value": "yes"},
+            id="weight-and-header",
+        ),
+        pytest.param(
+            0,
+            {"X-Canary": "yes"},
+            {"canary": "true", "canary-weight": "0", "canary-by-header": None, "canary-by-header-value": None},
+            id="abort-drops-header",
+        ),
     ],
 )
 def test_canary_annotations(weight: int, headers: dict[str, str] | None, expected: Obj) -> None:
@@ -271,10 +241,22 @@ def test_ingress_patch_is_none_when_equal_and_only_what_changed_otherwise() -> N
     at20h = build_canary_ingress(user, stable_service="web", prefix=P, weight=20, header_match={"x": "1"}, owner=OWNER)
     assert ingress_patch(at0, at0, P) is None
     assert ingress_patch(at0, at20h, P) == {
-        "metadata": {"annotations": {f"{P}/canary-weight": "20", f"{P}/canary-by-header": "x", f"{P}/canary-by-header-value": "1"}}
+        "metadata": {
+            "annotations": {
+                f"{P}/canary-weight": "20",
+                f"{P}/canary-by-header": "x",
+                f"{P}/canary-by-header-value": "1",
+            }
+        }
     }
     assert ingress_patch(at20h, at0, P) == {
-        "metadata": {"annotations": {f"{P}/canary-weight": "0", f"{P}/canary-by-header": None, f"{P}/canary-by-header-value": None}}
+        "metadata": {
+            "annotations": {
+                f"{P}/canary-weight": "0",
+                f"{P}/canary-by-header": None,
+                f"{P}/canary-by-header-value": None,
+            }
+        }
     }
     moved = ingress({"host": "b.example", "http": {"paths": [http_path("web")]}})
     desired = build_canary_ingress(moved, stable_service="web", prefix=P, weight=0, header_match=None, owner=OWNER)
@@ -286,18 +268,31 @@ def test_ingress_patch_is_none_when_equal_and_only_what_changed_otherwise() -> N
     [
         pytest.param(service(), {"app": "web", "greyrelease.io/track": "canary"}, id="plain"),
         pytest.param(
-            merge(service(selector={"app": "web", "pod-template-hash": "h1"}),
-                  {"metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web"})}}}),
+            merge(
+                service(selector={"app": "web", "pod-template-hash": "h1"}),
+                {"metadata": {"annotations": {ORIGINAL_SELECTOR_ANNOTATION: json.dumps({"app": "web"})}}},
+            ),
             {"app": "web", "greyrelease.io/track": "canary"},
             id="narrowed-stable-uses-the-users-selector",
         ),
     ],
 )
 def test_canary_service_copies_ports_not_address(stable: Obj, selector: Obj) -> None:
-    stable = merge(stable, {"spec": {"type": "NodePort", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}})
+    stable = merge(
+        stable,
+        {
+            "spec": {
+                "type": "NodePort",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}],
+            }
+        },
+    )
     canary = build_canary_service(stable, owner=OWNER)
     assert canary["metadata"]["name"] == "web-canary" and canary["metadata"]["ownerReferences"] == [OWNER]
-    assert canary["spec"] == {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    assert canary["spec"] == {
+        "selector": selector,
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+    }
     stored = merge(canary, {"spec": {"clusterIP": "10.0.0.9", "type": "ClusterIP"}})
     assert service_patch(stored, canary) is None
 
@@ -312,38 +307,81 @@ HDR = {"x-canary": "yes"}
     "rules, weight, headers, expected",
     [
         pytest.param(
-            [{"backendRefs": [ref("web")]}], 0, None,
+            [{"backendRefs": [ref("web")]}],
+            0,
+            None,
             [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}],
             id="prepared",
         ),
         pytest.param(
-            [{"backendRefs": [ref("web")]}], 30, None,
+            [{"backendRefs": [ref("web")]}],
+            30,
+            None,
             [{"backendRefs": [ref("web", 70), ref("web-canary", 30)]}],
             id="alone-in-its-rule",
         ),
         pytest.param(
-            [{"backendRefs": [ref("web", 3), ref("legacy", 1)]}], 20, None,
+            [{"backendRefs": [ref("web", 3), ref("legacy", 1)]}],
+            20,
+            None,
             [{"backendRefs": [ref("web", 240), ref("web-canary", 60), ref("legacy", 100)]}],
             id="beside-another-backend-its-share-is-kept",
         ),
         pytest.param(
-            [{"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
-             {"backendRefs": [ref("web")]}], 100, None,
-            [{"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
-             {"backendRefs": [ref("web", 0), ref("web-canary", 100)]}],
+            [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
+                {"backendRefs": [ref("web")]},
+            ],
+            100,
+            None,
+            [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/s"}}], "backendRefs": [ref("static")]},
+                {"backendRefs": [ref("web", 0), ref("web-canary", 100)]},
+            ],
             id="other-rules-untouched",
         ),
         pytest.param(
-            [{"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Canary", "value": "no"}]}],
-              "backendRefs": [ref("web", 5)]}], 10, HDR,
-            [{"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"type": "Exact", "name": "x-canary", "value": "yes"}]}],
-              "backendRefs": [ref("web-canary")]},
-             {"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Canary", "value": "no"}]}],
-              "backendRefs": [ref("web", 90), ref("web-canary", 10)]}],
+            [
+                {
+                    "name": "api",
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/api"},
+                            "headers": [{"name": "X-Canary", "value": "no"}],
+                        }
+                    ],
+                    "backendRefs": [ref("web", 5)],
+                }
+            ],
+            10,
+            HDR,
+            [
+                {
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/api"},
+                            "headers": [{"type": "Exact", "name": "x-canary", "value": "yes"}],
+                        }
+                    ],
+                    "backendRefs": [ref("web-canary")],
+                },
+                {
+                    "name": "api",
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/api"},
+                            "headers": [{"name": "X-Canary", "value": "no"}],
+                        }
+                    ],
+                    "backendRefs": [ref("web", 90), ref("web-canary", 10)],
+                },
+            ],
             id="header-rule-first-with-the-users-path",
         ),
         pytest.param(
-            [{"backendRefs": [ref("web")]}], 0, HDR,
+            [{"backendRefs": [ref("web")]}],
+            0,
+            HDR,
             [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}],
             id="weight-0-drops-the-header-rule",
         ),
@@ -384,7 +422,11 @@ def test_a_route_stored_with_the_upstream_defaults_compares_equal() -> None:
     [
         pytest.param(None, "HTTPRoute 'web' not found", id="missing"),
         pytest.param(route({"backendRefs": [ref("other")]}), "has no backendRef to Service 'web'", id="no-stable-rule"),
-        pytest.param(route({"backendRefs": [ref("web"), ref("web-canary")]}), "already routes to Service 'web-canary'", id="users-own-canary"),
+        pytest.param(
+            route({"backendRefs": [ref("web"), ref("web-canary")]}),
+            "already routes to Service 'web-canary'",
+            id="users-own-canary",
+        ),
         pytest.param(route({"backendRefs": [ref("web")]}), "", id="fine"),
     ],
 )
@@ -398,21 +440,42 @@ def test_route_problem(obj: Obj | None, message: str) -> None:
 
 # The stable Deployment and its ReplicaSet: where prepare() finds the hash to narrow to on a first pass.
 STABLE: list[Obj] = [
-    {"apiVersion": "apps/v1", "kind": "Deployment",
-     "metadata": {"name": "web", "namespace": NS, "uid": "web-uid", "annotations": {"deployment.kubernetes.io/revision": "1"}},
-     "spec": {"selector": {"matchLabels": {"app": "web"}}}},
-    {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-     "metadata": {"name": "web-stablehash", "namespace": NS, "labels": {"app": "web", "pod-template-hash": "stablehash"},
-                  "annotations": {"deployment.kubernetes.io/revision": "1"}, "ownerReferences": [{"uid": "web-uid", "controller": True}]}},
+    {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "web",
+            "namespace": NS,
+            "uid": "web-uid",
+            "annotations": {"deployment.kubernetes.io/revision": "1"},
+        },
+        "spec": {"selector": {"matchLabels": {"app": "web"}}},
+    },
+    {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": "web-stablehash",
+            "namespace": NS,
+            "labels": {"app": "web", "pod-template-hash": "stablehash"},
+            "annotations": {"deployment.kubernetes.io/revision": "1"},
+            "ownerReferences": [{"uid": "web-uid", "controller": True}],
+        },
+    },
 ]
 
 
-def nginx_world(*extra: Obj) -> FakeKube:
-    return FakeKube(ingress({"host": "a.example", "http": {"paths": [http_path("web"), http_path("static", "/s")]}}), service(), *STABLE, *extra)
+def nginx_world(*extra: Obj) -> MemoryKube:
+    return MemoryKube(
+        ingress({"host": "a.example", "http": {"paths": [http_path("web"), http_path("static", "/s")]}}),
+        service(),
+        *STABLE,
+        *extra,
+    )
 
 
-def gateway_world(*extra: Obj) -> FakeKube:
-    return FakeKube(route({"backendRefs": [ref("web")]}), service(), *STABLE, *extra)
+def gateway_world(*extra: Obj) -> MemoryKube:
+    return MemoryKube(route({"backendRefs": [ref("web")]}), service(), *STABLE, *extra)
 
 
 FOREIGN_INGRESS = merge(ingress(), {"metadata": {"name": "web-canary", "ownerReferences": [{"uid": "someone-else"}]}})
@@ -422,38 +485,81 @@ FOREIGN_SERVICE = service("web-canary")
 @pytest.mark.parametrize(
     "world, routing, fields, message",
     [
-        pytest.param(lambda: nginx_world(FOREIGN_INGRESS), NGINX, {}, "Ingress 'web-canary' exists and is not owned by this release", id="nginx-foreign-ingress"),
-        pytest.param(lambda: nginx_world(FOREIGN_SERVICE), NGINX, {}, "Service 'web-canary' exists and is not owned by this release", id="nginx-foreign-service"),
-        pytest.param(lambda: gateway_world(FOREIGN_SERVICE), GATEWAY, {}, "Service 'web-canary' exists and is not owned by this release", id="gateway-foreign-service"),
-        pytest.param(lambda: FakeKube(service()), NGINX, {}, "Ingress 'web' not found", id="nginx-no-ingress"),
-        pytest.param(lambda: FakeKube(ingress({"http": {"paths": [http_path("web")]}})), NGINX, {}, "Service 'web' not found", id="nginx-no-service"),
-        pytest.param(lambda: FakeKube(ingress({"http": {"paths": [http_path("x")]}}), service()), NGINX, {}, "has no path to Service 'web'", id="nginx-no-stable-path"),
         pytest.param(
-            nginx_world, NGINX,
-            {"batches": [{"replicas": 1, "headerMatch": {"a": "1", "b": "2"}}, {"replicas": 2}], "batchSize": None, "canaryWeight": None},
-            "spec.batches[0].headerMatch", id="nginx-two-headers",
+            lambda: nginx_world(FOREIGN_INGRESS),
+            NGINX,
+            {},
+            "Ingress 'web-canary' exists and is not owned by this release",
+            id="nginx-foreign-ingress",
         ),
-        pytest.param(lambda: FakeKube(service()), GATEWAY, {}, "HTTPRoute 'web' not found", id="gateway-no-route"),
+        pytest.param(
+            lambda: nginx_world(FOREIGN_SERVICE),
+            NGINX,
+            {},
+            "Service 'web-canary' exists and is not owned by this release",
+            id="nginx-foreign-service",
+        ),
+        pytest.param(
+            lambda: gateway_world(FOREIGN_SERVICE),
+            GATEWAY,
+            {},
+            "Service 'web-canary' exists and is not owned by this release",
+            id="gateway-foreign-service",
+        ),
+        pytest.param(lambda: MemoryKube(service()), NGINX, {}, "Ingress 'web' not found", id="nginx-no-ingress"),
+        pytest.param(
+            lambda: MemoryKube(ingress({"http": {"paths": [http_path("web")]}})),
+            NGINX,
+            {},
+            "Service 'web' not found",
+            id="nginx-no-service",
+        ),
+        pytest.param(
+            lambda: MemoryKube(ingress({"http": {"paths": [http_path("x")]}}), service()),
+            NGINX,
+            {},
+            "has no path to Service 'web'",
+            id="nginx-no-stable-path",
+        ),
+        pytest.param(
+            nginx_world,
+            NGINX,
+            {
+                "batches": [{"replicas": 1, "headerMatch": {"a": "1", "b": "2"}}, {"replicas": 2}],
+                "batchSize": None,
+                "canaryWeight": None,
+            },
+            "spec.batches[0].headerMatch",
+            id="nginx-two-headers",
+        ),
+        pytest.param(lambda: MemoryKube(service()), GATEWAY, {}, "HTTPRoute 'web' not found", id="gateway-no-route"),
     ],
 )
 def test_problem_is_read_only_and_marks_the_release_invalid_before_anything_is_touched(
     world: Any, routing: Obj, fields: Obj, message: str
 ) -> None:
     kube = world()
-    before = copy.deepcopy(kube.objects)
+    before = by_path(kube)
     router = make_router(kube, routing, **fields)
     problem = router.problem()
     assert message in problem and problem.startswith("spec.")
-    assert kube.writes == [] and kube.objects == before
+    assert writes(kube) == [] and by_path(kube) == before
     w = World(spec(trafficRouting=routing, **fields))
     plan = decide(w.spec, w.status, replace(w.observed(), routing_error=problem), w.now)
     assert plan.status.phase == "InvalidSpec" and plan.actions == () and message in plan.status.message
 
 
-@pytest.mark.parametrize("routing, foreign", [pytest.param(NGINX, FOREIGN_INGRESS, id="ingress"), pytest.param(NGINX, FOREIGN_SERVICE, id="service-nginx"), pytest.param(GATEWAY, FOREIGN_SERVICE, id="service-gateway")])
+@pytest.mark.parametrize(
+    "routing, foreign",
+    [
+        pytest.param(NGINX, FOREIGN_INGRESS, id="ingress"),
+        pytest.param(NGINX, FOREIGN_SERVICE, id="service-nginx"),
+        pytest.param(GATEWAY, FOREIGN_SERVICE, id="service-gateway"),
+    ],
+)
 def test_foreign_objects_are_refused_by_writes_and_left_alone_by_abort_and_reset(routing: Obj, foreign: Obj) -> None:
     kube = (nginx_world if "nginx" in routing else gateway_world)(foreign)
-    before = kube.get(FakeKube.path_of(foreign))
+    before = kube.get(MemoryKube.path_of(foreign))
     router = make_router(kube, routing)
     with pytest.raises(RuntimeError, match="not owned by this release"):
         router.prepare()
@@ -461,7 +567,7 @@ def test_foreign_objects_are_refused_by_writes_and_left_alone_by_abort_and_reset
         router.set_weight(20)
     router.set_weight(0)
     router.reset()
-    assert kube.get(FakeKube.path_of(foreign)) == before
+    assert kube.get(MemoryKube.path_of(foreign)) == before
 
 
 def test_nginx_router_prepares_weighs_and_resets_idempotently() -> None:
@@ -476,14 +582,14 @@ def test_nginx_router_prepares_weighs_and_resets_idempotently() -> None:
     assert canary_svc is not None and canary_svc["spec"]["selector"] == {"app": "web", "greyrelease.io/track": "canary"}
     assert "clusterIP" not in canary_svc["spec"]
     assert (kube.get(SVC) or {})["spec"]["selector"] == {"app": "web", "pod-template-hash": "stablehash"}
-    kube.writes.clear()
+    kube.requests.clear()
     router.prepare()  # a controller killed after preparing prepares again: nothing to write
     router.set_weight(0)
-    assert kube.writes == []
+    assert writes(kube) == []
 
     router.set_weight(20, {"x-canary": "yes"})
     router.set_weight(20, {"x-canary": "yes"})
-    assert kube.writes == [("patch", CANARY_ING)]
+    assert writes(kube) == [("patch", CANARY_ING)]
     annotations = (kube.get(CANARY_ING) or {})["metadata"]["annotations"]
     assert annotations[f"{P}/canary-weight"] == "20" and annotations[f"{P}/canary-by-header"] == "x-canary"
     router.set_weight(0)
@@ -504,10 +610,10 @@ def test_gateway_router_prepares_weighs_and_restores_the_route_exactly() -> None
     rules = (kube.get(ROUTE) or {})["spec"]["rules"]
     assert rules == [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}]
     assert kube.get(CANARY_SVC) is not None
-    kube.writes.clear()
+    kube.requests.clear()
     router.prepare()
     router.set_weight(0)
-    assert kube.writes == []
+    assert writes(kube) == []
     router.set_weight(50, HDR)
     rules = (kube.get(ROUTE) or {})["spec"]["rules"]
     assert [r["backendRefs"] for r in rules] == [[ref("web-canary")], [ref("web", 50), ref("web-canary", 50)]]
@@ -535,7 +641,7 @@ def test_gateway_abort_before_prepare_writes_nothing() -> None:
     kube = gateway_world()
     make_router(kube, GATEWAY).set_weight(0)
     make_router(kube, GATEWAY).reset()
-    assert kube.writes == []
+    assert writes(kube) == []
 
 
 # --- whole releases: the planner's actions applied to the real routers -----------------------------
@@ -545,7 +651,7 @@ class RoutedWorld(World):
     """The planner's world, with its routing actions also applied to a router on the store (a router
     is built for each action from the status of the plan being applied, as the reconciler does)."""
 
-    kube: FakeKube
+    kube: MemoryKube
     routing_log: list[Any]
 
     def apply(self, action: object) -> None:
@@ -572,7 +678,9 @@ class RoutedWorld(World):
         if canary is not None:
             return {"weight": int(canary["metadata"]["annotations"][f"{P}/canary-weight"]), "narrowed": narrowed}
         rules = (self.kube.get(ROUTE) or {}).get("spec", {}).get("rules") or []
-        weights = [r.get("weight") for rule in rules for r in rule.get("backendRefs") or [] if r["name"] == "web-canary"]
+        weights = [
+            r.get("weight") for rule in rules for r in rule.get("backendRefs") or [] if r["name"] == "web-canary"
+        ]
         return {"weight": weights[0] if weights else None, "narrowed": narrowed}
 
 
@@ -583,7 +691,16 @@ def routed(routing: Obj, **fields: Any) -> RoutedWorld:
     return w
 
 
-BATCHES = {"batches": [{"replicas": 1, "weight": 20}, {"replicas": 2, "weight": 50}, {"replicas": 3, "weight": 80}, {"replicas": 4}], "batchSize": None, "canaryWeight": None}
+BATCHES = {
+    "batches": [
+        {"replicas": 1, "weight": 20},
+        {"replicas": 2, "weight": 50},
+        {"replicas": 3, "weight": 80},
+        {"replicas": 4},
+    ],
+    "batchSize": None,
+    "canaryWeight": None,
+}
 
 
 @pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
@@ -594,7 +711,13 @@ def test_full_release_moves_the_weights_and_leaves_the_users_objects_as_written(
     log = w.routing_log
     assert log[0] == (PrepareRouting(), {"weight": 0, "narrowed": True})
     # Prepared before the first canary pod: the planner's first plan prepares and creates nothing else.
-    assert [a for a, _ in log if isinstance(a, SetWeight)] == [SetWeight(20), SetWeight(50), SetWeight(80), SetWeight(100), SetWeight(0)]
+    assert [a for a, _ in log if isinstance(a, SetWeight)] == [
+        SetWeight(20),
+        SetWeight(50),
+        SetWeight(80),
+        SetWeight(100),
+        SetWeight(0),
+    ]
     assert [seen["weight"] for a, seen in log if isinstance(a, SetWeight)] == [20, 50, 80, 100, 0]
     # The narrowing goes before the stable rolls, and only then does the weight go back to stable.
     kinds = [type(a) for a, _ in log]
@@ -636,36 +759,37 @@ def test_abort_and_deletion_send_the_weight_to_zero_first_and_clean_up(routing: 
 
 def test_spec_model_accepts_both_modes() -> None:
     for routing in (NGINX, GATEWAY):
-        assert GreyReleaseSpec.model_validate({"targetRef": {"name": "web"}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 50, "trafficRouting": routing})
+        assert GreyReleaseSpec.model_validate(
+            {
+                "targetRef": {"name": "web"},
+                "targetVersion": "v2",
+                "batchSize": 1,
+                "canaryWeight": 50,
+                "trafficRouting": routing,
+            }
+        )
 
 
 class Crash(Exception):
     pass
 
 
-class CrashingKube(FakeKube):
-    """Dies before its ``at``-th write (0-based), as a controller killed between two writes would."""
+def crashing(*objects: Obj, at: int) -> MemoryKube:
+    """An API server whose client dies before its ``at``-th write (0-based), as a controller killed
+    between two writes would; the restarted controller runs on."""
+    kube = MemoryKube(*objects)
+    count = 0
 
-    def __init__(self, *objects: Obj, at: int) -> None:
-        super().__init__(*objects)
-        self.at = at
+    def before(verb: str, p: str) -> None:
+        nonlocal count, at
+        if verb in MemoryKube.WRITE_VERBS:
+            if count == at:
+                at = -1
+                raise Crash
+            count += 1
 
-    def _maybe_crash(self) -> None:
-        if len(self.writes) == self.at:
-            self.at = -1  # the restarted controller runs on
-            raise Crash
-
-    def create(self, collection: str, body: Obj) -> Obj:
-        self._maybe_crash()
-        return super().create(collection, body)
-
-    def patch(self, p: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        self._maybe_crash()
-        return super().patch(p, body, patch_type=patch_type)
-
-    def delete(self, p: str, *, propagation: str = "Background") -> bool:
-        self._maybe_crash()
-        return super().delete(p, propagation=propagation)
+    kube.before = before
+    return kube
 
 
 STEPS: list[Callable[[Router], None]] = [
@@ -678,7 +802,7 @@ STEPS: list[Callable[[Router], None]] = [
 ]
 
 
-def _states(kube: FakeKube, routing: Obj) -> list[Obj]:
+def _states(kube: MemoryKube, routing: Obj) -> list[Obj]:
     """The objects after each step; a step that crashes is run again, as the next pass would."""
     out = []
     for run in STEPS:
@@ -690,14 +814,9 @@ def _states(kube: FakeKube, routing: Obj) -> list[Obj]:
     return out
 
 
-def _snapshot(kube: FakeKube) -> dict[str, Obj]:
-    """Every object, without the resourceVersion the store bumps on each write."""
-    out = {}
-    for p, obj in kube.objects.items():
-        obj = copy.deepcopy(obj)
-        obj["metadata"].pop("resourceVersion")
-        out[p] = obj
-    return out
+def _snapshot(kube: MemoryKube) -> dict[str, Obj]:
+    """Every object, without the fields the API server sets (those of a created object differ by run)."""
+    return {p: without_server_fields(obj) for p, obj in by_path(kube).items()}
 
 
 @pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
@@ -707,27 +826,33 @@ def test_a_controller_killed_between_any_two_writes_converges_on_the_same_object
     expected = _states(clean, routing)
     assert len(clean.writes) >= 8
     for at in range(len(clean.writes)):
-        kube = CrashingKube(*world().objects.values(), at=at)
+        kube = crashing(*world().objects(), at=at)
         assert _states(kube, routing) == expected, f"killed before write {at}"
 
 
-class DefaultingKube(FakeKube):
+def defaulting(*objects: Obj) -> MemoryKube:
     """Stores HTTPRoutes with the upstream CRD's defaults filled in, as a real Gateway API install does."""
 
-    def put(self, obj: Obj) -> None:
+    def admit(obj: Obj) -> Obj:
         if obj.get("kind") == "HTTPRoute":
             obj = merge(obj, {"spec": {"rules": normal_rules(obj["spec"].get("rules") or [])}})
-        super().put(obj)
+        return obj
+
+    kube = MemoryKube()
+    kube.admit = admit
+    for obj in objects:
+        kube.put(obj)
+    return kube
 
 
 def test_gateway_router_does_not_rewrite_a_route_the_api_server_defaulted() -> None:
-    kube = DefaultingKube(route({"backendRefs": [ref("web")]}), service(), *STABLE)
+    kube = defaulting(route({"backendRefs": [ref("web")]}), service(), *STABLE)
     router = make_router(kube, GATEWAY)
     router.prepare()
     router.set_weight(30, HDR)
-    kube.writes.clear()
+    kube.requests.clear()
     router.set_weight(30, HDR)
-    assert kube.writes == []
+    assert writes(kube) == []
     router.set_weight(0)
     router.reset()
     assert (kube.get(ROUTE) or {})["spec"]["rules"] == normal_rules([{"backendRefs": [ref("web")]}])

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
-from greyrelease import operator
-from greyrelease.operator import Registry
+from greyrelease.kube import MemoryKube
+from greyrelease.runtime import Registry, Runtime, Tuning
 
 RELEASE = ("shop", "web")
 
 
 def wakes(registry: Registry, events: list[tuple[str, float]], settle: float = 0.05) -> int:
     """Feeds Deployment events ("MODIFIED"/"DELETED", seconds after the previous one) through the
-    operator's handler; the number of times the release was woken, over settle * 4 after the last."""
+    runtime's handler; the number of times the release was woken, over settle * 4 after the last."""
 
     async def run() -> int:
-        operator.REGISTRY, saved = registry, operator.REGISTRY
-        operator.DEPLOYMENT_SETTLE, saved_settle = settle, operator.DEPLOYMENT_SETTLE
+        rt = Runtime(MemoryKube(), tuning=Tuning(deployment_settle=settle))
+        rt.registry = registry
         woken = 0
         wake = registry.event_for(RELEASE)
 
@@ -31,11 +31,10 @@ def wakes(registry: Registry, events: list[tuple[str, float]], settle: float = 0
         try:
             for kind, after in events:
                 await asyncio.sleep(after)
-                operator.deployment_changed("shop", "web", kind)
+                rt.deployment_changed("shop", "web", kind)
             await asyncio.sleep(settle * 4)
         finally:
             counter.cancel()
-            operator.REGISTRY, operator.DEPLOYMENT_SETTLE = saved, saved_settle
         return woken
 
     return asyncio.run(run())
@@ -103,25 +102,76 @@ def obj(rv: int, annotations: dict[str, str], status: dict | None = None, genera
 
 
 def seen(bodies: tuple[dict, ...]) -> list[tuple[bool, bool]]:
-    """Feeds the release's watch events through the operator's handler; after each, whether its next
+    """Feeds the release's watch events through the runtime's handler; after each, whether its next
     pass is urgent and whether it cuts traffic for an abort (which holds routine passes back)."""
-    from greyrelease.cache import Store
 
     async def run() -> list[tuple[bool, bool]]:
-        r = Registry()
-        operator.REGISTRY, saved = r, operator.REGISTRY
-        operator.RELEASES, saved_store = Store(), operator.RELEASES
+        rt = Runtime(MemoryKube())
+        r = rt.registry
         out = []
-        try:
-            for body in bodies:
-                r.urgent.clear()
-                r.aborting.clear()
-                await operator.release_changed(
-                    body=body, event={"type": "MODIFIED", "object": body}, name="web", namespace="shop", type="MODIFIED"
-                )
-                out.append((RELEASE in r.urgent, RELEASE in r.aborting))
-        finally:
-            operator.REGISTRY, operator.RELEASES = saved, saved_store
+        for body in bodies:
+            r.urgent.clear()
+            r.aborting.clear()
+            rt.release_changed(body, "MODIFIED")
+            out.append((RELEASE in r.urgent, RELEASE in r.aborting))
+            assert rt.releases.get("shop", "web") == body  # kept for the passes before anything is woken
         return out
 
     return asyncio.run(run())
+
+
+# --- a release's daemon loop: passes, retries, sleeps ---------------------------------------------
+
+
+def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when_the_release_is_gone() -> None:
+    from greyrelease.kube import ApiError
+
+    kube = MemoryKube()
+    failures = 3
+
+    def flaky(verb: str, p: str) -> None:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise ApiError(500, "InternalError", "etcd")
+
+    kube.before = flaky
+    slept: list[float] = []
+
+    async def sleep(wake: asyncio.Event, seconds: float) -> None:
+        slept.append(seconds)
+
+    async def run() -> None:
+        rt = Runtime(kube, tuning=Tuning(threads=2))
+        try:
+            await asyncio.wait_for(rt.run_release("shop", "web", lambda: False, sleep), 5)
+        finally:
+            rt.stop()
+
+    asyncio.run(run())
+    assert slept == [1, 2, 4]  # then the pass found no GreyRelease: the daemon ended
+
+
+def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
+    from greyrelease.kube import ApiError
+
+    kube = MemoryKube()
+
+    def down(verb: str, p: str) -> None:
+        raise ApiError(503, "ServiceUnavailable", "down")
+
+    kube.before = down
+    slept: list[float] = []
+
+    async def sleep(wake: asyncio.Event, seconds: float) -> None:
+        slept.append(seconds)
+
+    async def run() -> None:
+        rt = Runtime(kube, tuning=Tuning(threads=2))
+        try:
+            await asyncio.wait_for(rt.run_release("shop", "web", lambda: len(slept) >= 5, sleep), 5)
+        finally:
+            rt.stop()
+
+    asyncio.run(run())
+    assert slept == [1, 2, 4, 8, 10]  # capped at 10 s

@@ -17,10 +17,16 @@ Every call is idempotent: it builds the desired state, compares, and writes only
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
-from ..api import GreyReleaseSpec, GreyReleaseStatus
-from ..kubeclient import KubeClient
+from ..api import GreyReleaseSpec, GreyReleaseStatus, Obj
+from ..kube import Kube
+
+#: The release's status as the router should act on it: read when a call needs it, so a router built
+#: before the pass's plan acts on what the plan records (e.g. the stable ReplicaSet's hash, recorded in
+#: the very pass that prepares the routing).
+StatusSource = Callable[[], GreyReleaseStatus]
 
 
 class Router(Protocol):
@@ -36,37 +42,35 @@ class Router(Protocol):
 
 
 def router_for(
-    kube: KubeClient,
+    kube: Kube,
     *,
     namespace: str,
-    release: dict,
+    release: Obj,
     spec: GreyReleaseSpec,
-    status: GreyReleaseStatus,
+    status: GreyReleaseStatus | StatusSource,
 ) -> Router:
+    """The router of the release's traffic routing mode. ``status`` is the status to act on, or a
+    function giving it at the time of each call."""
     from ..workload import owner_reference
     from .gateway import GatewayRouter
     from .nginx import NginxRouter
     from .replicas import ReplicaRouter
     from .service import ServiceRouter
 
+    current: StatusSource = status if callable(status) else (lambda: status)
     routing = spec.traffic_routing
     if routing is None:
-        return ReplicaRouter(kube, namespace=namespace, release_uid=release["metadata"]["uid"], status=status)
+        return ReplicaRouter(kube, namespace=namespace, release_uid=release["metadata"]["uid"], status=current)
     if routing.service is not None:
-        return ServiceRouter(kube, namespace=namespace, service=routing.service.name, status=status)
+        return ServiceRouter(kube, namespace=namespace, service=routing.service.name, status=current)
     owner = owner_reference(release)
-    recorded_hash = status.stable_pod_template_hash
 
     def stable_hash() -> str:
-        return recorded_hash
+        return current().stable_pod_template_hash
+
     if routing.nginx is not None:
         return NginxRouter(
-            kube,
-            namespace=namespace,
-            routing=routing.nginx,
-            spec=spec,
-            owner=owner,
-            stable_hash=stable_hash,
+            kube, namespace=namespace, routing=routing.nginx, spec=spec, owner=owner, stable_hash=stable_hash
         )
     assert routing.gateway_api is not None  # the models allow exactly one mode
     return GatewayRouter(

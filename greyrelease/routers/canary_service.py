@@ -12,15 +12,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from typing import Any
 
-from ..api import RELEASE_LABEL, TRACK_LABEL
+from ..api import RELEASE_LABEL, TRACK_LABEL, Obj
 from ..images import label_value
-from ..kubeclient import KubeClient, path
+from ..kube import Kube, path
 from ..workload import CANARY_SUFFIX
 from .selector import ORIGINAL_SELECTOR_ANNOTATION
-
-Obj = dict[str, Any]
 
 
 def canary_service_name(stable_service: str) -> str:
@@ -109,7 +106,7 @@ def _without_node_ports(ports: list[Obj]) -> list[Obj]:
 class CanaryService:
     """Create, converge and delete ``<stableService>-canary``; never touch one we do not own."""
 
-    def __init__(self, kube: KubeClient, *, namespace: str, stable_service: str, owner: Obj) -> None:
+    def __init__(self, kube: Kube, *, namespace: str, stable_service: str, owner: Obj) -> None:
         self.kube = kube
         self.owner = owner
         self.name = canary_service_name(stable_service)

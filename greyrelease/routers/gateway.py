@@ -24,16 +24,13 @@ before or after a release.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 import json
-from typing import Any
+from collections.abc import Callable
 
-from ..api import GatewayRouting
-from ..kubeclient import KubeClient, path
+from ..api import GatewayRouting, Obj
+from ..kube import Kube, path
 from .canary_service import CanaryService, canary_service_name, stable_hash_or_raise
 from .selector import ServiceSelector
-
-Obj = dict[str, Any]
 
 ORIGINAL_RULES_ANNOTATION = "greyrelease.io/original-rules"
 #: Gateway API caps a backendRef weight at 1,000,000.
@@ -210,7 +207,7 @@ def route_problem(route: Obj | None, *, name: str, service: str) -> str:
 class GatewayRouter:
     def __init__(
         self,
-        kube: KubeClient,
+        kube: Kube,
         *,
         namespace: str,
         routing: GatewayRouting,

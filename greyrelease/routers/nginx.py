@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
-from ..api import RELEASE_LABEL, GreyReleaseSpec, NginxRouting
+from ..api import RELEASE_LABEL, GreyReleaseSpec, NginxRouting, Obj
 from ..images import label_value
-from ..kubeclient import KubeClient, path
+from ..kube import Kube, path
 from ..workload import CANARY_SUFFIX
 from .canary_service import CanaryService, canary_service_name, foreign, owned_by, stable_hash_or_raise
 from .selector import ServiceSelector
-
-Obj = dict[str, Any]
 
 #: Some installations still pick the controller by this annotation instead of spec.ingressClassName;
 #: the canary Ingress must be served by the same controller as the main one.
@@ -165,7 +162,7 @@ def header_problem(spec: GreyReleaseSpec) -> str:
 class NginxRouter:
     def __init__(
         self,
-        kube: KubeClient,
+        kube: Kube,
         *,
         namespace: str,
         routing: NginxRouting,

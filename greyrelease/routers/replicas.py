@@ -3,20 +3,26 @@ moves it. An abort can only take the canary's pods away, so weight 0 scales the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..api import GreyReleaseStatus
-from ..kubeclient import KubeClient, path
+from ..kube import Kube, path
 from ..workload import canary_name, controller_uid
 
 
 class ReplicaRouter:
-    def __init__(self, kube: KubeClient, *, namespace: str, release_uid: str, status: GreyReleaseStatus) -> None:
+    def __init__(
+        self, kube: Kube, *, namespace: str, release_uid: str, status: Callable[[], GreyReleaseStatus]
+    ) -> None:
         self.kube = kube
+        self.namespace = namespace
         self.release_uid = release_uid
-        self.canary_path = (
-            path("apps", "v1", "deployments", namespace, canary_name(status.target_name))
-            if status.target_name
-            else ""
-        )
+        self.status = status
+
+    @property
+    def canary_path(self) -> str:
+        target = self.status().target_name
+        return path("apps", "v1", "deployments", self.namespace, canary_name(target)) if target else ""
 
     def problem(self) -> str:
         return ""
@@ -25,13 +31,14 @@ class ReplicaRouter:
         """Nothing to create."""
 
     def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
-        if weight != 0 or not self.canary_path:
+        canary_path = self.canary_path
+        if weight != 0 or not canary_path:
             return
-        canary = self.kube.get(self.canary_path)
+        canary = self.kube.get(canary_path)
         if canary is None or controller_uid(canary) != self.release_uid:
             return  # never touch a Deployment this release does not own
         if canary.get("spec", {}).get("replicas") != 0:
-            self.kube.patch(self.canary_path, {"spec": {"replicas": 0}})
+            self.kube.patch(canary_path, {"spec": {"replicas": 0}})
 
     def restore_stable_selector(self) -> None:
         """No selector was changed."""

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from ..api import POD_TEMPLATE_HASH_LABEL
-from ..kubeclient import KubeClient, path
+from ..kube import Kube, path
 
 ORIGINAL_SELECTOR_ANNOTATION = "greyrelease.io/original-selector"
 
@@ -50,7 +50,7 @@ def restoring_patch(service: dict[str, Any]) -> dict[str, Any] | None:
 class ServiceSelector:
     """Narrow / restore one Service."""
 
-    def __init__(self, kube: KubeClient, *, namespace: str, name: str) -> None:
+    def __init__(self, kube: Kube, *, namespace: str, name: str) -> None:
         self.kube = kube
         self.path = path("", "v1", "services", namespace, name)
         self.name = name

@@ -6,15 +6,19 @@ narrows the Service to the stable ReplicaSet (see :mod:`.selector`), any other w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..api import GreyReleaseStatus
-from ..kubeclient import KubeClient
+from ..kube import Kube
 from .selector import ServiceSelector
 
 
 class ServiceRouter:
-    def __init__(self, kube: KubeClient, *, namespace: str, service: str, status: GreyReleaseStatus) -> None:
+    def __init__(
+        self, kube: Kube, *, namespace: str, service: str, status: Callable[[], GreyReleaseStatus]
+    ) -> None:
         self.selector = ServiceSelector(kube, namespace=namespace, name=service)
-        self.stable_hash = status.stable_pod_template_hash
+        self.status = status
 
     def problem(self) -> str:
         if self.selector.get() is None:
@@ -26,7 +30,7 @@ class ServiceRouter:
 
     def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
         if weight == 0:
-            self.selector.narrow(self.stable_hash)
+            self.selector.narrow(self.status().stable_pod_template_hash)
         else:
             self.selector.restore()
 

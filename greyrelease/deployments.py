@@ -1,0 +1,70 @@
+"""The workload adapter: the release's Deployments (the user's stable one and the canary) written
+through a :class:`~greyrelease.kube.Kube`, as the routers write the traffic objects.
+
+It is built for one pass from the Deployments that pass read, and keeps the answer of each of its writes,
+so a later action of the same pass starts from what the API server stored. Every call converges on the
+desired state and writes only what differs; what the objects should look like is computed by the pure
+functions of :mod:`greyrelease.workload`.
+"""
+
+from __future__ import annotations
+
+from .api import Obj
+from .kube import STRATEGIC, Kube, path
+from .workload import build_canary, canary_patch, controller_uid, stable_image_patch
+
+
+def deployments_path(namespace: str, name: str | None = None) -> str:
+    return path("apps", "v1", "deployments", namespace, name)
+
+
+class Deployments:
+    """The target (stable) Deployment and its canary, for one release in one pass."""
+
+    def __init__(
+        self, kube: Kube, *, release: Obj, container: str | None, target: Obj | None, canary: Obj | None
+    ) -> None:
+        self.kube = kube
+        self.release = release
+        self.namespace: str = release["metadata"]["namespace"]
+        self.uid: str = release["metadata"]["uid"]
+        self.container = container
+        self.target = target
+        self.canary = canary
+
+    def ensure_canary(self, *, replicas: int, image: str, version: str) -> None:
+        """The canary exists, built from the stable's template with ``image``, with ``replicas``."""
+        if self.target is None:
+            raise RuntimeError("no target Deployment to build the canary from")
+        desired = build_canary(
+            self.target, self.release, image=image, version=version, replicas=replicas, container=self.container
+        )
+        if self.canary is None:
+            self.canary = self.kube.create(deployments_path(self.namespace), desired)
+        elif controller_uid(self.canary) != self.uid:
+            raise RuntimeError(f"refusing to change Deployment {self.canary['metadata']['name']}: not ours")
+        elif (patch := canary_patch(self.canary, desired)) is not None:
+            self.canary = self.kube.patch(deployments_path(self.namespace, desired["metadata"]["name"]), patch)
+
+    def scale_stable(self, replicas: int) -> None:
+        if self.target is not None and self.target["spec"].get("replicas") != replicas:
+            self.target = self.kube.patch(self._target_path(), {"spec": {"replicas": replicas}})
+
+    def set_stable_image(self, *, image: str, replicas: int) -> None:
+        if self.target is None:
+            return
+        patch = stable_image_patch(self.target, image=image, replicas=replicas, container=self.container)
+        if patch is not None:
+            self.target = self.kube.patch(self._target_path(), patch, patch_type=STRATEGIC)
+
+    def delete_canary(self) -> None:
+        """Deleted in the foreground: the Deployment goes only after its pods, so "canary gone" means gone.
+        Never one this release does not own, and not again while a deletion is under way."""
+        canary = self.canary
+        if canary is None or controller_uid(canary) != self.uid or canary["metadata"].get("deletionTimestamp"):
+            return
+        self.kube.delete(deployments_path(self.namespace, canary["metadata"]["name"]), propagation="Foreground")
+
+    def _target_path(self) -> str:
+        assert self.target is not None
+        return deployments_path(self.namespace, self.target["metadata"]["name"])

@@ -1,0 +1,49 @@
+"""Execution: each action of a plan handed to the adapter that carries it out, in order."""
+
+from __future__ import annotations
+
+from .actions import (
+    Action,
+    DeleteCanary,
+    EnsureCanary,
+    PrepareRouting,
+    RemoveAnnotations,
+    ResetRouting,
+    RestoreStableSelector,
+    ScaleStable,
+    SetStableImage,
+    SetWeight,
+)
+from .kube import Kube
+from .observe import Scene
+from .record import remove_annotations
+
+
+def execute(kube: Kube, actions: tuple[Action, ...], scene: Scene) -> None:
+    for action in actions:
+        apply(kube, action, scene)
+
+
+def apply(kube: Kube, action: Action, scene: Scene) -> None:
+    workload, router = scene.deployments, scene.router
+    match action:
+        case EnsureCanary(replicas=replicas, image=image, version=version):
+            workload.ensure_canary(replicas=replicas, image=image, version=version)
+        case ScaleStable(replicas=replicas):
+            workload.scale_stable(replicas)
+        case SetStableImage(image=image, replicas=replicas):
+            workload.set_stable_image(image=image, replicas=replicas)
+        case DeleteCanary():
+            workload.delete_canary()
+        case PrepareRouting():
+            router.prepare()
+        case SetWeight(weight=weight, header_match=headers):
+            router.set_weight(weight, headers)
+        case RestoreStableSelector():
+            router.restore_stable_selector()
+        case ResetRouting():
+            router.reset()
+        case RemoveAnnotations(keys=keys):
+            remove_annotations(kube, scene.release, keys)
+        case _:
+            raise TypeError(f"unknown action {action!r}")

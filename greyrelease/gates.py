@@ -1,0 +1,77 @@
+"""The metric gates' inputs: each metric of a release queried in Prometheus, for the canary (and the
+stable track where compared). Prometheus clients are kept per address and credentials; a bearer token
+comes from the Secret the spec names, read in the release's namespace."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from datetime import datetime
+
+from .analysis import Check, Sample, render_query
+from .analysis import due as _due
+from .api import Analysis, GreyReleaseSpec, GreyReleaseStatus, Obj, parse_duration
+from .kube import Kube, path
+from .prometheus import Prometheus
+
+
+def due(spec: GreyReleaseSpec, status: GreyReleaseStatus, now: datetime) -> bool:
+    """Whether this pass should query the metrics (a live batch whose next check time has come)."""
+    return _due(
+        spec.analysis, phase=status.phase, batch_ready_at=status.batch_ready_at, statuses=list(status.metrics), now=now
+    )
+
+
+class Gates:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, str | None, str, bool], Prometheus] = {}
+
+    def prometheus_for(self, namespace: str, analysis: Analysis) -> Prometheus:
+        """A client for the spec's Prometheus; ValueError when its bearer token cannot be read."""
+        prom = analysis.prometheus
+        token = None
+        if prom.bearer_token_secret is not None:
+            ref = prom.bearer_token_secret
+            secret = self.kube.get(path("", "v1", "secrets", namespace, ref.name)) or {}
+            raw = (secret.get("data") or {}).get(ref.key)
+            if raw is None:
+                raise ValueError(
+                    f"spec.analysis.prometheus.bearerTokenSecret: no key {ref.key!r} in Secret {ref.name!r}"
+                )
+            token = base64.b64decode(raw).decode().strip()
+        key = (prom.address, token, prom.timeout, prom.insecure_skip_verify)
+        with self._lock:
+            if key not in self._clients:
+                self._clients[key] = Prometheus(
+                    prom.address,
+                    token=token,
+                    timeout=parse_duration(prom.timeout),
+                    verify=not prom.insecure_skip_verify,
+                )
+            return self._clients[key]
+
+    def checks(self, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus) -> tuple[Check, ...]:
+        """Query every metric for the canary (and the stable track where compared). Errors are samples."""
+        assert spec.analysis is not None
+        meta = release["metadata"]
+        try:
+            prom = self.prometheus_for(meta["namespace"], spec.analysis)
+        except ValueError as err:
+            return tuple(Check(m.name, Sample(error=str(err))) for m in spec.analysis.metrics)
+        values = {
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "app": spec.app_name or status.target_name,
+            "batch": status.current_batch,
+        }
+        checks = []
+        for metric in spec.analysis.metrics:
+            query = metric.query
+            canary = prom.sample(render_query(query, track="canary", version=spec.target_version, **values))
+            stable = None
+            if metric.compare is not None:
+                stable = prom.sample(render_query(query, track="stable", version=status.stable_version, **values))
+            checks.append(Check(metric.name, canary, stable))
+        return tuple(checks)

@@ -1,0 +1,25 @@
+"""A spec the API server let through but the models refuse (e.g. under an older CRD): the release is
+marked InvalidSpec, with the first error naming its field, and nothing else is done."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from . import reasons as R
+from .actions import Event, Plan
+from .api import GreyReleaseStatus, Phase
+
+
+def invalid_spec(status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Plan:
+    """The plan that records the error (an Event only when the message is new). Pure."""
+    first = err.errors()[0]
+    field = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
+    message = f"{field}: {first['msg']}"
+    changes: dict[str, object] = {"phase": Phase.INVALID_SPEC, "message": message}
+    if status.phase != Phase.INVALID_SPEC:
+        changes["phase_started_at"] = now
+    new = status.model_copy(update=changes)
+    events = (Event("Warning", R.INVALID_SPEC, message),) if status.message != message else ()
+    return Plan(status=new, events=events)

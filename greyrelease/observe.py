@@ -1,0 +1,90 @@
+"""Observation: the world one pass plans from, read through a :class:`~greyrelease.kube.Kube`, and the
+adapters that pass acts through (built once, from what was read)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .api import ANNOTATION_PREFIX, TRACK_LABEL, GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
+from .deployments import Deployments, deployments_path
+from .kube import Kube, path
+from .planner import Observed
+from .routers import Router, router_for
+from .workload import canary_name, current_template_hash, workload_of
+
+
+class Recorded:
+    """The status the adapters act on: as read, until the pass's plan records a new one."""
+
+    def __init__(self, status: GreyReleaseStatus) -> None:
+        self.status = status
+
+    def __call__(self) -> GreyReleaseStatus:
+        return self.status
+
+
+@dataclass
+class Scene:
+    """One pass's reading of the world, and the adapters built on it."""
+
+    release: Obj
+    spec: GreyReleaseSpec
+    observed: Observed
+    deployments: Deployments
+    router: Router
+    recorded: Recorded
+
+    @property
+    def target_name(self) -> str:
+        target = self.deployments.target
+        return str(target["metadata"]["name"]) if target is not None else ""
+
+
+def _targets(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> list[Obj]:
+    if spec.target_ref is not None:
+        found = kube.get(deployments_path(namespace, spec.target_ref.name))
+        return [found] if found is not None else []
+    # The canary copies the stable's labels, so it is left out by its track label.
+    return kube.list(deployments_path(namespace), label_selector=f"app={spec.app_name},!{TRACK_LABEL}")
+
+
+def _template_hash(kube: Kube, namespace: str, deployment: Obj) -> str:
+    labels = deployment.get("spec", {}).get("selector", {}).get("matchLabels") or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    replicasets = kube.list(path("apps", "v1", "replicasets", namespace), label_selector=selector or None)
+    return current_template_hash(deployment, replicasets)
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def observe(kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus) -> Scene:
+    """Read the release's Deployments (and, once, the stable ReplicaSet's hash) and ask the router
+    whether it can work with what it finds, before the release has started only."""
+    meta = release["metadata"]
+    namespace = meta["namespace"]
+    targets = _targets(kube, namespace, spec)
+    target = targets[0] if len(targets) == 1 else None
+    template_hash = ""
+    if target is not None and not status.stable_pod_template_hash:
+        template_hash = _template_hash(kube, namespace, target)
+    target_name = target["metadata"]["name"] if target is not None else status.target_name
+    canary = kube.get(deployments_path(namespace, canary_name(target_name))) if target_name else None
+    recorded = Recorded(status)
+    router = router_for(kube, namespace=namespace, release=release, spec=spec, status=recorded)
+    routing_error = router.problem() if status.phase in (None, Phase.INITIALIZING, Phase.INVALID_SPEC) else ""
+    deletion = _time(meta.get("deletionTimestamp"))
+    observed = Observed(
+        candidates=tuple(workload_of(d, spec.container, template_hash if d is target else "") for d in targets),
+        canary=workload_of(canary, spec.container) if canary is not None else None,
+        annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)},
+        generation=int(meta.get("generation", 1)),
+        uid=meta.get("uid", ""),
+        deleting=deletion is not None,
+        deletion_started=deletion,
+        routing_error=routing_error,
+    )
+    deployments = Deployments(kube, release=release, container=spec.container, target=target, canary=canary)
+    return Scene(release, spec, observed, deployments, router, recorded)

@@ -1,0 +1,298 @@
+"""The controller's state while it runs, in one object: the API client with its read cache, the stores
+the watches feed (kopf's for GreyReleases, reflectors for Deployments and Services), the wake-up wiring
+between watch events and the release daemons, the reconciler and the pass pool. One :class:`Runtime`
+is made at startup and handed to every kopf handler in ``memo`` (kopf gives each object a shallow copy
+of the operator's memo, so they all share it); a test makes its own, on an in-memory
+:class:`~greyrelease.kube.Kube`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
+from . import metrics
+from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION, BatchState, Obj, Phase
+from .cache import CachedKube, Reflector, Store, Watchable, wait_synced
+from .kube import Kube, path
+from .planner import aborting
+from .pool import PassPool
+from .reconciler import Outcome, Reconciler
+
+log = logging.getLogger("greyrelease")
+
+Key = tuple[str, str]
+
+#: The one retry policy of the controller's own loops: a failed pass is tried again after 1, 2, 4, 8,
+#: then every 10 s. Capped at 10 s: after an API server outage a release resumes within 10 s of the API
+#: server being back (a refused connection costs nothing to retry). (Prometheus queries retry briefly
+#: on their own, see :mod:`greyrelease.prometheus`; kopf retries the deletion handler.)
+RETRY_WAIT = wait_exponential(multiplier=1, min=1, max=10)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    #: A release with nothing scheduled still looks again this often (reads only, no writes when idle).
+    idle_resync: float = 300.0
+    #: Changes of a Deployment a release waits on are gathered this long before its pass: a rollout
+    #: changes a Deployment's status several times in a row, and one pass sees them all. A deletion
+    #: wakes it at once.
+    deployment_settle: float = 0.1
+    #: A pass mostly waits on the API server: passes run on many threads of their own (asyncio's default
+    #: pool, CPU count + 4 threads, would queue hundreds of releases behind a handful of requests).
+    threads: int = 128
+    #: While aborts come in, routine passes (capacity being restored, timers, Deployment changes) wait
+    #: until the last abort pass ended this long ago, and never longer than abort_hold_max: on a busy API
+    #: server, a burst of aborts gets the releases' traffic cut before the rest of the work shares it.
+    abort_quiet: float = 0.2
+    abort_hold_max: float = 3.0
+    #: How long the controller waits at startup for its first list of Deployments before it goes on
+    #: (reads of Deployments go to the API server until that list is in).
+    sync_timeout: float = 60.0
+
+
+class Registry:
+    """In-memory wiring between watch events and the daemons that should wake on them."""
+
+    def __init__(self) -> None:
+        self.wake: dict[Key, asyncio.Event] = {}
+        self.by_deployment: dict[Key, set[Key]] = defaultdict(set)
+        self.watching: dict[Key, tuple[str, ...]] = {}
+        self.waiting: dict[Key, bool] = {}
+        self.last_seen: dict[Key, Any] = {}
+        self.pending: dict[Key, asyncio.TimerHandle] = {}
+        #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
+        self.urgent: set[Key] = set()
+        #: Of those, the releases whose next pass cuts traffic for an abort: routine passes wait for it.
+        #: Marked from the watch event that brought the annotation, not derived from the stored release
+        #: before each pass: that copy can still show the phase from before the abort's own status write,
+        #: which would make the pass after it (restoring capacity) hold routine passes back too.
+        self.aborting: set[Key] = set()
+
+    def event_for(self, key: Key) -> asyncio.Event:
+        return self.wake.setdefault(key, asyncio.Event())
+
+    def watch(self, key: Key, deployments: tuple[str, ...], *, waiting: bool) -> None:
+        self.waiting[key] = waiting
+        if self.watching.get(key) == deployments:
+            return
+        self.unwatch(key)
+        self.watching[key] = deployments
+        for name in deployments:
+            self.by_deployment[(key[0], name)].add(key)
+
+    def unwatch(self, key: Key) -> None:
+        for name in self.watching.pop(key, ()):
+            releases = self.by_deployment.get((key[0], name))
+            if releases is not None:
+                releases.discard(key)
+                if not releases:
+                    del self.by_deployment[(key[0], name)]
+
+    def forget(self, key: Key) -> None:
+        self.unwatch(key)
+        self.waiting.pop(key, None)
+        self.wake.pop(key, None)
+        self.last_seen.pop(key, None)
+        self.urgent.discard(key)
+        self.aborting.discard(key)
+        handle = self.pending.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+
+    def poke(self, key: Key) -> None:
+        event = self.wake.get(key)
+        if event is not None:
+            event.set()
+
+    def poke_soon(self, key: Key, delay: float) -> None:
+        """Poke after ``delay`` seconds; pokes asked for meanwhile are that same one. On the loop's thread."""
+        if key not in self.pending:
+            self.pending[key] = asyncio.get_running_loop().call_later(delay, self._poke_pending, key)
+
+    def _poke_pending(self, key: Key) -> None:
+        self.pending.pop(key, None)
+        self.poke(key)
+
+
+def waiting(outcome: Outcome) -> bool:
+    """Whether the release waits for its Deployments to converge. Only then does every change of theirs
+    wake it: a batch on hold waits for a timer or an annotation, and a finished release for a new spec;
+    waking those on every pod becoming ready would cost a pass each for nothing. (A Deployment deleted
+    wakes the release in any case.)"""
+    plan, st = outcome.plan, outcome.plan.status
+    return plan.done or st.phase in (Phase.INITIALIZING, Phase.PROMOTING, Phase.ROLLING_BACK) or (
+        st.phase == Phase.PROGRESSING and st.batch_state == BatchState.UPSCALING
+    )
+
+
+def fingerprint(body: Obj) -> Any:
+    """What a person changes on a release (its generation, our annotations, the deletion mark); our own
+    status writes leave it as it was."""
+    meta = body.get("metadata", {})
+    ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    # (kopf's diff base, which earlier versions kept on the object and which may still be there.)
+    ours = {k: v for k, v in ours.items() if k not in ("greyrelease.io/last-handled-configuration",)}
+    return (meta.get("generation"), tuple(sorted(ours.items())), meta.get("deletionTimestamp"))
+
+
+class Runtime:
+    """What the controller keeps in memory while it runs. ``kube`` is the API client; every read of a
+    GreyRelease (and, once :meth:`watch` has started, of a Deployment or Service) is served from the
+    stores when they hold the object."""
+
+    def __init__(self, kube: Kube, *, tuning: Tuning | None = None) -> None:
+        self.tuning = tuning or Tuning()
+        self.releases = Store()
+        self.deployments = Store()
+        self.services = Store()
+        self.kube = CachedKube(kube)
+        self.kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, self.releases)
+        self.registry = Registry()
+        self.reconciler = Reconciler(self.kube)
+        self.phases = metrics.Phases()
+        self._pool: PassPool | None = None
+        self._reflectors: list[Reflector] = []
+
+    @property
+    def pool(self) -> PassPool:
+        """The reconcile threads, started on first use; passes people ask for go ahead of the queue."""
+        if self._pool is None:
+            self._pool = PassPool(
+                self.tuning.threads,
+                hold=self.tuning.abort_quiet,
+                hold_max=self.tuning.abort_hold_max,
+                waited=lambda urgent, s: metrics.PASS_WAIT.labels("urgent" if urgent else "routine").observe(s),
+            )
+        return self._pool
+
+    def stop(self) -> None:
+        for reflector in self._reflectors:
+            reflector.stop()
+        self._reflectors = []
+        if self._pool is not None:
+            self._pool.stop(wait=False)
+            self._pool = None
+
+    # --- passes --------------------------------------------------------------------------------------
+
+    async def reconcile(
+        self, namespace: str, name: str, *, urgent: bool = False, abort: bool = False
+    ) -> Outcome | None:
+        """One pass on a pool thread. The plan's Events were posted by the reconciler, before its status
+        write (exactly once)."""
+        with metrics.RECONCILE.time():
+            outcome = await asyncio.wrap_future(
+                self.pool.submit(self.reconciler.reconcile, namespace, name, urgent=urgent, holds_routine=abort)
+            )
+        self.phases.record((namespace, name), outcome.plan if outcome else None)
+        return outcome
+
+    async def run_release(self, namespace: str, name: str, stopped: Callable[[], bool],
+                          sleep: Callable[[asyncio.Event, float], Awaitable[None]]) -> None:  # fmt: skip
+        """A release's passes until it is gone or ``stopped``: each pass (retried with :data:`RETRY_WAIT`
+        while it fails), then a sleep until the plan's ``requeue_after`` or until the release is woken."""
+        key = (namespace, name)
+        wake = self.registry.event_for(key)
+
+        def warn(state: RetryCallState) -> None:
+            err = state.outcome.exception() if state.outcome else None
+            seconds = state.next_action.sleep if state.next_action else 0
+            log.warning(f"[{namespace}/{name}] reconcile failed ({err}); retrying in {seconds:g}s")
+
+        try:
+            while not stopped():
+                retrying = AsyncRetrying(
+                    wait=RETRY_WAIT, retry=retry_if_exception_type(Exception), before_sleep=warn,
+                    stop=lambda _: stopped(), sleep=lambda seconds: sleep(wake, seconds), reraise=True,
+                )  # fmt: skip
+                try:
+                    outcome: Outcome | None = await retrying(self._pass, key)
+                except Exception:  # only when stopped while failing: the daemon ends
+                    return
+                if outcome is None:
+                    return
+                self.registry.watch(key, outcome.watched, waiting=waiting(outcome))
+                timeout = outcome.plan.requeue_after
+                if timeout is None:
+                    timeout = self.tuning.idle_resync
+                else:
+                    # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was
+                    # recorded ready, however long the pass's own writes took.
+                    timeout = max(0.0, outcome.decided_at + timeout - time.monotonic())
+                if timeout > 0:
+                    await sleep(wake, timeout)
+        finally:
+            self.registry.unwatch(key)
+
+    async def _pass(self, key: Key) -> Outcome | None:
+        self.registry.event_for(key).clear()
+        urgent, abort = key in self.registry.urgent, key in self.registry.aborting
+        self.registry.urgent.discard(key)
+        self.registry.aborting.discard(key)
+        return await self.reconcile(*key, urgent=urgent, abort=abort)
+
+    # --- watch events --------------------------------------------------------------------------------
+
+    def release_changed(self, obj: Obj, type: str | None) -> None:
+        """Keep the release's latest body for its passes, and wake its daemon when its spec or annotations
+        change (not on our own status writes). The body is in the store before the daemon is woken."""
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if type == "DELETED":
+            self.releases.delete(obj)
+            self.registry.forget(key)
+            self.reconciler.forget(*key)
+            return
+        self.releases.fold(obj)
+        seen = fingerprint(obj)
+        if self.registry.last_seen.get(key) != seen:
+            self.registry.last_seen[key] = seen
+            self.registry.urgent.add(key)
+            if aborting(meta.get("annotations") or {}, (obj.get("status") or {}).get("phase")):
+                self.registry.aborting.add(key)
+            self.registry.poke(key)
+
+    def deployment_changed(self, namespace: str, name: str, type: str) -> None:
+        """Wake the releases waiting on this Deployment (its readiness may have changed), and every release
+        about it when it is deleted. On the event loop (the Deployment reflectors hand events over)."""
+        for key in list(self.registry.by_deployment.get((namespace, name), ())):
+            if type == "DELETED":
+                self.registry.poke(key)
+            elif self.registry.waiting.get(key):
+                self.registry.poke_soon(key, self.tuning.deployment_settle)
+
+    async def watch(self, api: Watchable, namespaces: list[str]) -> None:
+        """Deployments and Services in memory: one reflector of each per watched namespace (one for the
+        cluster when none is named), until :meth:`stop`. A changed Deployment wakes the releases about it.
+        The routers read a Service before each write (Service mode: the user's, to narrow or restore it;
+        the other modes: the canary Service); without the right to list Services, those reads go to the
+        API server. Waits (at most ``sync_timeout``) for the first lists: until then, reads of Deployments
+        go to the API server."""
+        loop = asyncio.get_running_loop()
+
+        def changed(kind: str, obj: Obj) -> None:
+            meta = obj.get("metadata") or {}
+            loop.call_soon_threadsafe(self.deployment_changed, meta.get("namespace", ""), meta.get("name", ""), kind)
+
+        def reflect(group: str, version: str, plural: str, store: Store, on_change: Any = None) -> list[Reflector]:
+            found = [
+                Reflector(api, path(group, version, plural, ns), store, on_change=on_change).start()
+                for ns in ([*namespaces] if namespaces else [None])
+            ]
+            prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+            self.kube.cache(prefix, plural, store, ready=lambda: all(r.synced.is_set() for r in found))
+            return found
+
+        deployments = reflect("apps", "v1", "deployments", self.deployments, changed)
+        self._reflectors = deployments + reflect("", "v1", "services", self.services)
+        timeout = self.tuning.sync_timeout
+        if not await asyncio.to_thread(wait_synced, deployments, timeout):
+            log.warning(f"Deployments not listed within {timeout:g}s; reading them from the API server meanwhile")

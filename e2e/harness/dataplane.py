@@ -12,8 +12,9 @@
 4. waits until the Gateway is Programmed, and has Prometheus (when given) scrape Traefik as job `traefik`.
 
 Traefik's metrics carry `entrypoint` and `service` labels (a Gateway API backend's service is named
-`<namespace>-<service>-<port>@kubernetesgateway`, an Ingress backend's `<namespace>-<service>-<port>@
-kubernetes`), with latency histograms (`traefik_service_request_duration_seconds`) on the buckets below.
+`<namespace>-<service>-http-<port>@kubernetesgateway`, an Ingress backend's
+`<namespace>-<service>-<port>@kubernetes` with the port as the Ingress names it), with latency histograms
+(`traefik_service_request_duration_seconds`) on the buckets below.
 """
 
 from __future__ import annotations

@@ -40,8 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from e2e.harness.process import HERE, die_with_parent
 from greyrelease.kubeclient import STRATEGIC, ApiError, Conflict, KubeClient, NotFound, load_configuration
+
+from e2e.harness.process import HERE, die_with_parent
 
 GATE = "e2e.greyrelease.io/listening"
 DEFAULT_PORT = 8080

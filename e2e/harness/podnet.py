@@ -118,15 +118,18 @@ def remove_netns(name: str) -> None:
 
 
 def sweep_stale_netns() -> None:
-    """Deletes our pod namespaces whose slot has no live owner (their cluster died without cleaning up)."""
+    """Deletes our pod namespaces whose slot has no live owner (their cluster died without cleaning up),
+    and the slot files of dead owners."""
     run_netns = Path("/run/netns")
-    if not run_netns.is_dir():
-        return
-    for entry in run_netns.glob(f"{NETNS_PREFIX}*"):
-        index = entry.name[len(NETNS_PREFIX):]
-        owner = _slot_owner(slots_dir() / f"slot-{index}")
-        if owner is None or not pid_alive(owner):
-            remove_netns(entry.name)
+    if run_netns.is_dir():
+        for entry in run_netns.glob(f"{NETNS_PREFIX}*"):
+            owner = _slot_owner(slots_dir() / f"slot-{entry.name[len(NETNS_PREFIX):]}")
+            if owner is None or not pid_alive(owner):
+                remove_netns(entry.name)
+    for path in slots_dir().glob("slot-*"):
+        owner = _slot_owner(path)
+        if owner is not None and not pid_alive(owner):
+            path.unlink(missing_ok=True)
 
 
 class PodNetwork:

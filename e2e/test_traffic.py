@@ -12,6 +12,7 @@ sees it); what remains is the proxy's part (provider throttle, 100 ms, plus its 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -305,7 +306,8 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
         records = load.stop()
     failed = [r for r in records if r.failed]
     print(f"\n{mode}: {ABORTS} aborts under {RATE:.0f} req/s: cut p50 {percentile(cuts, 50):.3f}s, "
-          f"p99 {percentile(cuts, 99):.3f}s, max {max(cuts):.3f}s; {len(failed)} of {len(records)} requests failed")
+          f"p99 {percentile(cuts, 99):.3f}s, max {max(cuts):.3f}s; {len(failed)} of {len(records)} requests failed; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for key in parts[0]:
         values = [p[key] for p in parts]
         print(f"  {key}: p50 {percentile(values, 50):.3f}s, p99 {percentile(values, 99):.3f}s")

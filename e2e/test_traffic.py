@@ -276,9 +276,9 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             t0 = time.time()
             subprocess.run([cluster.kubectl_path, "annotate", "gr", "web", "-n", namespace,
                             "greyrelease.io/abort=true"], env=cluster.env, check=True, capture_output=True, timeout=30)
-            wait_for(lambda: status(cluster, namespace, "web").get("canaryWeight") == 0
-                     or status(cluster, namespace, "web").get("phase") == "Aborted", 30, "the cut")  # fmt: skip
-            # Until no canary answer for 1.5 s: every request routed before the cut has been answered.
+            # Until no canary answer for 1.5 s: every request routed before the cut has been answered. Only
+            # the records are read meanwhile: a kubectl started every 0.2 s to poll the status would take
+            # the CPU the controller and the proxy need during the very cut we measure.
             wait_for(lambda c=canary: time.time() - (last(load.records, c) or final_none).sent > 1.5, 30,
                      "no more canary answers")  # fmt: skip
             final = last(load.records, canary)

@@ -260,10 +260,12 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
     host = deploy(cluster, dataplane, namespace, routing, 4)
     cuts: list[float] = []
     parts: list[dict[str, float]] = []
+    steps: list[tuple[float, str]] = []  # (time.time(), what the test did): to place failed requests
     batch = {"replicas": 2, "pause": "manual", **({"weight": 30} if mode == "gatewayAPI" else {})}
     with Load(dataplane.gateway_url, RATE, host=host) as load:
         for i in range(ABORTS):
             version = f"v{i + 2}"
+            steps.append((time.time(), f"abort {i + 1}: release applied"))
             apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion=version,
                                                  batches=[batch, {"replicas": 4}], trafficRouting=routing))  # fmt: skip
             wait_for(lambda: live_batch(cluster, namespace, 1), 90, f"abort {i + 1}: batch 1 live")
@@ -274,6 +276,7 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             watch = EndpointWatch(cluster, namespace).start() if mode == "service" else None
             time.sleep(0.3 if watch else 0)  # the watch is listening
             t0 = time.time()
+            steps.append((t0, f"abort {i + 1}: annotated"))
             subprocess.run([cluster.kubectl_path, "annotate", "gr", "web", "-n", namespace,
                             "greyrelease.io/abort=true"], env=cluster.env, check=True, capture_output=True, timeout=30)
             # Until no canary answer for 1.5 s: every request routed before the cut has been answered. Only
@@ -300,6 +303,7 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             print(f"\n{mode} abort {i + 1}: last canary answer {cut:.3f}s after `kubectl annotate` started ("
                   + ", ".join(f"{k} {v:.3f}s" for k, v in part.items()) + ")")
             wait_for(lambda: status(cluster, namespace, "web").get("phase") == "Aborted", 60, "Aborted")
+            steps.append((time.time(), f"abort {i + 1}: release deleted"))
             cluster.kubectl("delete", "gr", "web", "-n", namespace, "--timeout=60s")
             wait_for(lambda: deployment(cluster, namespace, "web-canary") is None, 60, "the canary removed")
             cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s")
@@ -308,6 +312,9 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
     print(f"\n{mode}: {ABORTS} aborts under {RATE:.0f} req/s: cut p50 {percentile(cuts, 50):.3f}s, "
           f"p99 {percentile(cuts, 99):.3f}s, max {max(cuts):.3f}s; {len(failed)} of {len(records)} requests failed; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for r in failed[:10]:
+        when, what = max(((t, w) for t, w in steps if t <= r.sent), default=(r.sent, "start"))
+        print(f"  failed: {r.sent - when:.3f}s after {what}: status {r.status} {r.error or ''} pod {r.pod}")
     for key in parts[0]:
         values = [p[key] for p in parts]
         print(f"  {key}: p50 {percentile(values, 50):.3f}s, p99 {percentile(values, 99):.3f}s")

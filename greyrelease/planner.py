@@ -39,6 +39,9 @@ from .actions import (
     SetStableImage,
     SetWeight,
 )
+from .analysis import ERROR, FAIL, Check, Verdict, fold, next_check_at
+from .analysis import interval as analysis_interval
+from .analysis import verdict as judge_metrics
 from .api import (
     ABORT_ANNOTATION,
     PAUSE_ANNOTATION,
@@ -51,7 +54,6 @@ from .api import (
     GreyReleaseStatus,
     Restore,
 )
-from .analysis import ERROR, FAIL, Check, Verdict, fold, next_check_at, verdict as judge_metrics
 from .batches import MANUAL, PlanError, Step, expand
 from .images import target_image, version_of
 
@@ -566,6 +568,10 @@ def _scale_batch(
         b.again(step.pause)
     elif not chain:
         b.again(0)
+    if spec.analysis is not None:
+        # The first check is due one interval after the batch went live, also within a long or manual pause:
+        # waking only at the pause's end would let a bad canary serve, unjudged, for the whole pause.
+        b.again(analysis_interval(spec.analysis))
 
 
 def _stable_size(b: _Builder, target: Workload) -> int:

@@ -261,6 +261,18 @@ def summarise(
     )
 
 
+def per_second(
+    records: Sequence[Record], start: float, end: float, *, asked_rate: float | None = None
+) -> list[Summary]:
+    """One summary per whole second from `start` (the last one may be shorter than a second)."""
+    out: list[Summary] = []
+    t = start
+    while t < end:
+        out.append(summarise(records, t, min(t + 1, end), asked_rate=asked_rate))
+        t += 1
+    return out
+
+
 def first(records: Iterable[Record], where: Callable[[Record], bool]) -> Record | None:
     """The first record sent that matches."""
     return min((r for r in records if where(r)), key=lambda r: r.sent, default=None)

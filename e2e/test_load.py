@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.load import Load, Record, first, last, percentile, summarise, window
+from e2e.load import Load, Record, first, last, per_second, percentile, summarise, window
 from e2e.test_responder import ResponderProcess, free_port
 
 
@@ -196,3 +196,12 @@ def test_summaries_of_known_records() -> None:
 def test_bad_rate_is_refused() -> None:
     with pytest.raises(ValueError, match="rate must be > 0"):
         Load("http://127.0.0.1:1", rate=0)
+
+
+def test_per_second_lines_cover_the_run() -> None:
+    """The per-second view (the demo's lines) adds up to the whole."""
+    records = [Record(scheduled=10 + i / 10, sent=10 + i / 10, latency=0.01, status=200, error=None, pod="p",
+                      image="app:v1") for i in range(35)]  # fmt: skip
+    seconds = per_second(records, 10, 13.5, asked_rate=10)
+    assert [x.sent for x in seconds] == [10, 10, 10, 5]
+    assert sum(x.sent for x in seconds) == len(records)

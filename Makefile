@@ -1,5 +1,5 @@
 # GreyRelease: progressive batch releases for Kubernetes.
-#   make demo   a full release, then an aborted one, on the local cluster (everything installed on first use)
+#   make demo   a good release, then a bad one rolled back by its gate, under real traffic through Traefik on the local cluster
 #   make test   the whole suite: unit tests, then end-to-end tests on the local cluster
 
 SHELL := /bin/bash

@@ -3,9 +3,11 @@ an abort cuts the canary off within a second, in Gateway API mode (weights on an
 and in Service mode (an Ingress of class traefik in front of the one Service that selects both tracks).
 
 An open-loop load (e2e/load.py, RATE requests/s) records every request with the image that answered. An
-abort is timed from the moment `kubectl annotate ... abort=true` is started to the send time of the last
-request a canary pod answered, and broken down with the API server's audit log (when kubectl's write and
-the controller's write arrived) and a watch on the EndpointSlices (when the canary left them, as the proxy
+abort is timed from the abort annotation's write (when the API server received kubectl's PATCH, from its
+audit log) to the send time of the last request a canary pod answered; the time kubectl took to start and
+send it is printed beside it but not counted (on a loaded 2-core machine a kubectl start alone has taken
+1.7 s, which says nothing of the controller). The cut is broken down with the audit log (when the
+controller's write arrived) and a watch on the EndpointSlices (when the canary left them, as the proxy
 sees it); what remains is the proxy's part (provider throttle, 100 ms, plus its reload).
 """
 
@@ -286,12 +288,13 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
                      "no more canary answers")  # fmt: skip
             final = last(load.records, canary)
             assert final is not None
-            cut = final.sent - t0
-            cuts.append(cut)
             annotated = write_after(cluster, namespace, t0, "greyreleases", "kubectl")
+            assert annotated is not None, "the audit log has no write of the abort annotation"
+            cut = final.sent - annotated
+            cuts.append(cut)
             written = write_after(cluster, namespace, t0, "httproutes" if mode == "gatewayAPI" else "services",
                                   "greyrelease")  # fmt: skip
-            part = {"kubectl": (annotated or t0) - t0, "controller write": (written or t0) - (annotated or t0)}
+            part = {"kubectl": annotated - t0, "controller write": (written or annotated) - annotated}
             if watch is not None:
                 gone = watch.canary_gone_after(t0)
                 watch.stop()
@@ -300,7 +303,8 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             else:
                 part["proxy"] = final.sent - (written or t0)  # the route update is the controller's write
             parts.append(part)
-            print(f"\n{mode} abort {i + 1}: last canary answer {cut:.3f}s after `kubectl annotate` started ("
+            print(f"\n{mode} abort {i + 1}: last canary answer {cut:.3f}s after the annotation's write, "
+                  f"{final.sent - t0:.3f}s after `kubectl annotate` started ("
                   + ", ".join(f"{k} {v:.3f}s" for k, v in part.items()) + ")")
             wait_for(lambda: status(cluster, namespace, "web").get("phase") == "Aborted", 60, "Aborted")
             steps.append((time.time(), f"abort {i + 1}: release deleted"))

@@ -1,5 +1,5 @@
 # GreyRelease: progressive batch releases for Kubernetes.
-#   make demo   a full release, then an aborted one, on the local cluster (everything installed on first use)
+#   make demo   a good release, then a bad one rolled back by its gate, under real traffic through Traefik on the local cluster
 #   make test   the whole suite: unit tests, then end-to-end tests on the local cluster
 
 SHELL := /bin/bash
@@ -20,15 +20,18 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Debian's Prometheus for the metric gates; Go builds the control plane. Installed only when missing.
+# Debian's Prometheus for the metric gates; Go builds the control plane and Traefik; iproute2's `ip` makes
+# the pod network. Installed only when missing.
 system-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing Debian's prometheus"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@command -v go >/dev/null 2>&1 || { echo "error: Go 1.26 or newer is needed to build the local cluster" >&2; exit 1; }
 	@command -v openssl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
+	@command -v ip >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; }
 
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, built once into ~/.cache/greyrelease.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and traefik, built once into
+# ~/.cache/greyrelease, with the Gateway API CRDs beside them.
 binaries: system-deps
 	e2e/build/build.sh
 
@@ -57,8 +60,9 @@ test: deps
 demo: deps
 	$(PY) -m e2e.demo
 
+# The cluster, Prometheus and the data plane (Traefik, pods that answer); prints export lines for eval.
 cluster-up: deps
-	$(PY) -m e2e.cluster up
+	$(PY) -m e2e.cluster up --with-dataplane
 
 cluster-down: venv
 	$(PY) -m e2e.cluster down

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-
-from e2e.cluster import Cluster, LocalCluster, external_cluster, free_port
 from e2e.controller import CRD
+from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
+from e2e.harness.process import free_port
 from greyrelease.kubeclient import KubeClient, path
 from greyrelease.api import parse_time
 

@@ -1,8 +1,19 @@
-"""pytest fixtures for end-to-end tests against a real cluster and a real Prometheus.
+"""pytest fixtures for end-to-end tests against a real cluster, a real Prometheus and a real proxy.
 
 - `cluster` (session): the cluster KUBECONFIG points at when it is reachable, else a local one started
-  for the session (e2e/cluster.py) and stopped at its end.
-- `prometheus` (session): Prometheus + the test exporter (e2e/prom.py).
+  for the session (e2e/harness/controlplane.py) and stopped at its end.
+- `prometheus` (session): Prometheus + the test exporter (e2e/harness/prometheus.py). When the session also
+  uses `dataplane`, the same Prometheus scrapes Traefik (job `traefik`), so a test can query the exporter's
+  and the proxy's series alike.
+- `gateway_api_crds` (session): the Gateway API v1.4.1 standard-channel CRDs installed and Established.
+- `dataplane` (session): Traefik in front of pods that answer HTTP (e2e/harness/dataplane.py), started only
+  for sessions with a test that asks for it (Traefik costs CPU in every session that runs it); needs the
+  local cluster (skipped on a cluster reached through KUBECONFIG, whose pods it cannot serve) and root.
+  Gives `.gateway_url` (Traefik's HTTP entry point: the Gateway's listener, and Ingresses of class
+  `traefik`), `.gateway` ("namespace/name" of the Gateway, for an HTTPRoute's parentRefs), `.metrics_url`
+  (Traefik's /metrics), `.parent_ref` (an HTTPRoute parentRef to the Gateway), `.serving_gate` (the
+  readiness gate a pod template lists so its pods become Ready only once they answer; `answering_app()` in
+  e2e/harness/dataplane.py writes such a Deployment and its Service).
 - `namespace` (function): a fresh namespace, deleted after the test.
 """
 
@@ -11,11 +22,14 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from e2e.cluster import Cluster, LocalCluster, external_cluster, new_workdir, sweep_stale_workdirs
-from e2e.prom import PrometheusStack, find_prometheus
+from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
+from e2e.harness.dataplane import DataPlane, install_gateway_api_crds
+from e2e.harness.process import new_workdir, sweep_stale_workdirs
+from e2e.harness.prometheus import PrometheusStack, find_prometheus
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +59,26 @@ def prometheus() -> Iterator[PrometheusStack]:
         yield stack
     finally:
         stack.close()
+
+
+@pytest.fixture(scope="session")
+def gateway_api_crds(cluster: Cluster) -> list[Path]:
+    return install_gateway_api_crds(cluster)
+
+
+@pytest.fixture(scope="session")
+def dataplane(cluster: Cluster, prometheus: PrometheusStack, gateway_api_crds: list[Path]) -> Iterator[DataPlane]:
+    if not isinstance(cluster, LocalCluster):
+        pytest.skip("the data plane serves the pods of the local cluster only; KUBECONFIG reaches another one")
+    plane = DataPlane(cluster, new_workdir("greyrelease-dataplane-"), prometheus)
+    try:
+        plane.start()
+    except RuntimeError as exc:
+        pytest.fail(f"the data plane did not start: {exc}")
+    try:
+        yield plane
+    finally:
+        plane.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import Cluster
+from e2e.harness.controlplane import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "greyrelease.io_greyreleases.yaml"

@@ -16,9 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import Cluster, LocalCluster
-from e2e.controller import Controller, app_manifest, wait_for
 from greyrelease.api import TRACK_LABEL
+
+from e2e.controller import Controller, app_manifest, wait_for
+from e2e.harness.controlplane import Cluster, LocalCluster
 
 #: User agents of the controller's two API clients: its own (greyrelease.kubeclient) and kopf's.
 CONTROLLER_AGENTS = ("greyrelease", "kopf/")

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import Cluster
 from e2e.controller import (  # noqa: F401 - fixtures
     Controller,
     apply_release,
@@ -21,7 +20,8 @@ from e2e.controller import (  # noqa: F401 - fixtures
     wait_for,
     wait_phase,
 )
-from e2e.prom import PrometheusStack
+from e2e.harness.controlplane import Cluster
+from e2e.harness.prometheus import PrometheusStack
 
 pytestmark = pytest.mark.e2e
 

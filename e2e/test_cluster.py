@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import Cluster, KubectlError, wait_until
-from e2e.prom import PrometheusStack, PrometheusQueryError
+from e2e.harness.controlplane import Cluster, KubectlError
+from e2e.harness.process import wait_until
+from e2e.harness.prometheus import PrometheusQueryError, PrometheusStack
 
 pytestmark = pytest.mark.e2e
 

@@ -9,21 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import Cluster, free_port
 from e2e.controller import (  # noqa: F401 - fixtures
-    drop_releases,
     Controller,
     apply_release,
     crd,
     deploy_app,
     deployment,
+    drop_releases,
     events,
     gr,
     status,
     wait_for,
     wait_phase,
 )
-from e2e.prom import PrometheusStack
+from e2e.harness.controlplane import Cluster
+from e2e.harness.process import free_port
+from e2e.harness.prometheus import PrometheusStack
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import Cluster
 from e2e.controller import Controller, app_manifest, controller, crd, deployment, status, wait_for  # noqa: F401
+from e2e.harness.controlplane import Cluster
 from e2e.hostile_inputs import CASES, markdown
 
 pytestmark = pytest.mark.e2e

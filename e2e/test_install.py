@@ -24,8 +24,20 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster import Cluster, find_kubectl, free_port
-from e2e.controller import ROOT, Controller, apply_release, deploy_app, deployment, drop_releases, events, gr, status, wait_for
+from e2e.controller import (
+    ROOT,
+    Controller,
+    apply_release,
+    deploy_app,
+    deployment,
+    drop_releases,
+    events,
+    gr,
+    status,
+    wait_for,
+)
+from e2e.harness.controlplane import Cluster, find_kubectl
+from e2e.harness.process import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import KWOK_STAGES
+from e2e.harness.controlplane import KWOK_STAGES
 
 START_STAGES = {"pod-ready": "normal", "pod-never-ready": "never-ready",
                 "pod-fail-crashloop": "fail", "pod-fail-terminated": "fail"}  # fmt: skip

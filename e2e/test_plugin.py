@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import Cluster
 from e2e.controller import (  # noqa: F401 - fixtures (controller, crd)
     Controller,
     apply_release,
@@ -25,6 +24,7 @@ from e2e.controller import (  # noqa: F401 - fixtures (controller, crd)
     wait_for,
     wait_phase,
 )
+from e2e.harness.controlplane import Cluster
 
 pytestmark = pytest.mark.e2e
 

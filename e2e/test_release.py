@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from e2e.cluster import Cluster
 from e2e.controller import (  # noqa: F401 - fixtures
     Controller,
     apply_release,
@@ -23,6 +22,7 @@ from e2e.controller import (  # noqa: F401 - fixtures
     wait_for,
     wait_phase,
 )
+from e2e.harness.controlplane import Cluster
 
 pytestmark = pytest.mark.e2e
 SERVICE = {"service": {"name": "web"}}

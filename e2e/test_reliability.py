@@ -19,20 +19,20 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import Cluster, LocalCluster
 from e2e.controller import (  # noqa: F401 - fixtures
-    drop_releases,
     Controller,
     apply_release,
     crd,
     deploy_app,
     deployment,
+    drop_releases,
     events,
     gr,
     status,
     wait_for,
     wait_phase,
 )
+from e2e.harness.controlplane import Cluster, LocalCluster
 from e2e.reliability import (
     Chaos,
     SlowPrometheus,

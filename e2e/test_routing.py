@@ -1,8 +1,9 @@
 """End-to-end: traffic through an nginx canary Ingress and a Gateway API HTTPRoute.
 
-No ingress controller or Gateway runs in the test cluster, so the tests read back what one would act
-on: the canary Ingress's ``canary-weight`` annotation, the HTTPRoute's backendRef weights, and the
-Services' selectors, all with the real kubectl.
+These tests read back what a proxy would act on: the canary Ingress's ``canary-weight`` annotation,
+the HTTPRoute's backendRef weights (on the real Gateway API v1.4.1 standard CRDs, defaults and
+validation included), and the Services' selectors, all with the real kubectl. Requests through a real
+proxy are in test_dataplane.py and test_traffic.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import Cluster
 from e2e.controller import (  # noqa: F401 - fixtures
     ROOT,
     Controller,
@@ -30,9 +30,9 @@ from e2e.controller import (  # noqa: F401 - fixtures
     wait_for,
     wait_phase,
 )
+from e2e.harness.controlplane import Cluster
 
 pytestmark = pytest.mark.e2e
-HTTPROUTE_CRD = ROOT / "e2e" / "gateway-api" / "httproutes.yaml"
 WEIGHT = "nginx.ingress.kubernetes.io/canary-weight"
 NGINX = {"nginx": {"ingress": "web", "stableService": "web"}}
 GATEWAY = {"gatewayAPI": {"httpRoute": "web", "stableService": "web"}}
@@ -74,10 +74,8 @@ ROUTERS = [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")]
 
 
 @pytest.fixture(scope="session")
-def httproute_crd(cluster: Cluster) -> Path:
-    cluster.kubectl("apply", "-f", str(HTTPROUTE_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/httproutes.gateway.networking.k8s.io", "--timeout=30s")
-    return HTTPROUTE_CRD
+def httproute_crd(gateway_api_crds: list[Path]) -> Path:
+    return next(p for p in gateway_api_crds if p.name.endswith("_httproutes.yaml"))
 
 
 def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any] | None:

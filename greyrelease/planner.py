@@ -63,6 +63,7 @@ from .actions import (
     SetWeight,
 )
 from .analysis import Check, Verdict, fold, next_check_at
+from .analysis import interval as analysis_interval
 from .analysis import verdict as judge_metrics
 from .api import (
     ABORT_ANNOTATION,
@@ -658,6 +659,10 @@ def _go_live(p: _Pass, b: _Batch) -> Then:
     p.history(step.number, canary_replicas=step.canary_replicas, weight=step.weight, ready_at=p.now)
     p.event(R.BATCH_READY, f"{b.label}: {step.canary_replicas} canary pods ready, weight {step.weight}%")
     p.set(message=_hold_message(b, next_check))
+    if p.spec.analysis is not None:
+        # The first check is due one interval after the batch went live, also within a long or manual pause:
+        # waking only at the pause's end would let a bad canary serve, unjudged, for the whole pause.
+        p.again(analysis_interval(p.spec.analysis))
     if manual:
         p.event(R.WAITING_FOR_APPROVAL, f"{b.label} waits for greyrelease.io/promote=next")
         return WAIT

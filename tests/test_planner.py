@@ -362,6 +362,17 @@ def test_metric_checks_are_folded_into_status_and_gate_the_batch() -> None:
     assert plan.status.history[0].result == "passed"
 
 
+@pytest.mark.parametrize("pause", ["60s", "manual"])
+def test_a_live_batch_is_first_checked_one_interval_after_it_went_live_whatever_its_pause(pause: str) -> None:
+    w = started(World(spec(trafficRouting=SERVICE, pause=pause, analysis=ANALYSIS)))
+    plan = hold(w)
+    assert plan.requeue_after == pytest.approx(10)  # the interval, not the pause's end (or never)
+    w.advance(10)
+    plan = decide(w.spec, w.status, replace(w.observed(), checks=_check(0.2)), w.now)
+    assert plan.status.metrics[0].failures == 1 and plan.status.phase == "Progressing"  # failureLimit 1
+    assert plan.requeue_after == pytest.approx(10)
+
+
 def test_failed_checks_past_the_failure_limit_roll_back_naming_metric_and_value() -> None:
     w = started(World(spec(trafficRouting=SERVICE, pause="60s", analysis=ANALYSIS)))
     hold(w)

@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from Go modules into a versioned cache outside the repository:
-#   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd, kwok.
+#   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd, kwok, and the data
+#   plane's proxy, traefik (github.com/traefik/traefik/v3).
 # Idempotent: when every binary is present and answers --version, it returns at once.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
+TRAEFIK_VERSION=${TRAEFIK_VERSION:-3.6.12}
+GATEWAY_API_VERSION=${GATEWAY_API_VERSION:-1.4.1}
 CACHE=${GREYRELEASE_CACHE:-$HOME/.cache/greyrelease}
 BIN="$CACHE/k8s-v$K8S_VERSION/bin"
+# The Gateway API standard-channel CRDs, as the sigs.k8s.io/gateway-api module ships them.
+CRDS="$CACHE/k8s-v$K8S_VERSION/crd/gateway-api-v$GATEWAY_API_VERSION"
 HERE=$(cd "$(dirname "$0")" && pwd)
 
-have() { [ -x "$BIN/$1" ] && "$BIN/$1" --version >/dev/null 2>&1; }
+have() {
+  [ -x "$BIN/$1" ] || return 1
+  if [ "$1" = traefik ]; then "$BIN/traefik" version 2>/dev/null | grep -q "v$TRAEFIK_VERSION\$"; return; fi
+  "$BIN/$1" --version >/dev/null 2>&1
+}
 
-if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have etcd && have kwok; then
+have_crds() { [ -s "$CRDS/gateway.networking.k8s.io_httproutes.yaml" ]; }
+
+if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have etcd && have kwok && have traefik &&
+   have_crds; then
   echo "cluster binaries present in $BIN"
   exit 0
 fi
@@ -88,7 +100,53 @@ build_kwok() {
   GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
 }
 
+# --- traefik: the data plane's proxy ------------------------------------------------------------------
+# `go install module@version` ignores the module's replace and exclude directives, and Traefik's
+# dependencies only resolve with them (three forks under github.com/containous, and an excluded
+# tencentcloud-sdk-go version that is not served). So a wrapper module (e2e/build/traefik, committed
+# with its go.sum) repeats them, read from Traefik's own go.mod when the version changes.
+build_traefik() {
+  have traefik && return 0
+  local mod="$HERE/traefik"
+  if ! grep -q "github.com/traefik/traefik/v3 v$TRAEFIK_VERSION" "$mod/go.mod" 2>/dev/null; then
+    echo "generating $mod/go.mod for Traefik v$TRAEFIK_VERSION"
+    rm -f "$mod/go.mod" "$mod/go.sum"
+    mkdir -p "$mod"
+    (cd "$mod" && go mod init greyrelease.io/e2e/traefik >/dev/null 2>&1)
+    local gomod
+    gomod=$(go mod download -json "github.com/traefik/traefik/v3@v$TRAEFIK_VERSION" |
+            python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    (cd "$mod" && go mod edit -go="$(awk '$1=="go"{print $2; exit}' "$gomod")")
+    # `old => new version` lines, inside a replace ( ... ) block or alone; and `exclude path version`.
+    awk '/^replace \($/ {b=1; next} b && /^\)/ {b=0} b && $2=="=>" {print $1"="$3"@"$4}
+         /^replace [^(]/ && $3=="=>" {print $2"="$4"@"$5}' "$gomod" |
+      while read -r r; do (cd "$mod" && go mod edit -replace="$r"); done
+    awk '/^exclude \($/ {b=1; next} b && /^\)/ {b=0} b && NF>=2 {print $1"@"$2}
+         /^exclude [^(]/ {print $2"@"$3}' "$gomod" |
+      while read -r e; do (cd "$mod" && go mod edit -exclude="$e"); done
+    (cd "$mod" && go get "github.com/traefik/traefik/v3/cmd/traefik@v$TRAEFIK_VERSION")
+  fi
+  echo "building traefik v$TRAEFIK_VERSION"
+  (cd "$mod" && go build -trimpath \
+     -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=v$TRAEFIK_VERSION" \
+     -o "$BIN/traefik" github.com/traefik/traefik/v3/cmd/traefik)
+}
+
+# --- the Gateway API CRDs (standard channel): copied from the module, config/crd/standard ------------
+fetch_gateway_api_crds() {
+  have_crds && return 0
+  echo "copying the Gateway API v$GATEWAY_API_VERSION standard CRDs"
+  local dir
+  dir=$(go mod download -json "sigs.k8s.io/gateway-api@v$GATEWAY_API_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$CRDS"
+  cp "$dir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$CRDS"/
+  chmod u+w "$CRDS"/*.yaml  # the module cache is read-only
+}
+
 build_etcd
 build_kwok
 build_kube
-echo "cluster binaries ready in $BIN"
+build_traefik
+fetch_gateway_api_crds
+echo "cluster binaries ready in $BIN, Gateway API CRDs in $CRDS"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import HERE, Process, free_ports, wait_until
+from e2e.harness.process import HERE, Process, free_ports, wait_until
 
 SCRAPE_INTERVAL = "1s"
 Expectation = Callable[[float | None], bool] | float | int | None

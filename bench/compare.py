@@ -764,6 +764,7 @@ def main() -> int:
     contenders: list[Contender] = [GreyReleaseContender(), ArgoContender(binary)]
     contenders = [c for c in contenders if args.only in (None, c.key)]
     command = "python -m bench.compare --sizes " + " ".join(map(str, args.sizes))
+    commit = git_commit()  # before this run writes its results
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-compare-"))
     out = Path(args.out)
     json_path = out.with_name("comparison.json")
@@ -788,7 +789,7 @@ def main() -> int:
                 print(f"N = {n}, {c.title} ...", flush=True)
                 results[c.key] = run_one(c, cluster, kube, n, workdir)
                 print(json.dumps(results[c.key]), flush=True)
-            runs[str(n)] = {"date": f"{now():%Y-%m-%d}", "commit": git_commit(), "command": command,
+            runs[str(n)] = {"date": f"{now():%Y-%m-%d}", "commit": commit, "command": command,
                             "versions": versions, "abort_n": min(MAX_ABORTS, n), "results": results}  # fmt: skip
             json_path.write_text(json.dumps(runs, indent=2) + "\n")
             write_report(runs, out)

@@ -773,12 +773,18 @@ def main() -> int:
     cluster.start()
     try:
         cluster.kubectl("apply", "-f", str(CRD))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=60s")
         if args.only != "greyrelease":
             cluster.kubectl("apply", "--server-side", "-k", str(argo_crds()), timeout=120)
-            cluster.kubectl("wait", "--for=condition=Established", "crd/rollouts.argoproj.io", "--timeout=60s")
         kube = KubeClient.from_environment(str(cluster.kubeconfig))
         kube.user_agent = "bench-compare"  # not a controller's
+
+        def established(crd: str) -> bool:
+            got = kube.get(path("apiextensions.k8s.io", "v1", "customresourcedefinitions", name=crd)) or {}
+            conditions = (got.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        for crd in ("greyreleases.greyrelease.io", "rollouts.argoproj.io")[: 1 if args.only == "greyrelease" else 2]:
+            wait(lambda: established(crd), 60, f"CRD {crd} established", 0.5)  # noqa: B023 - called at once
         for c in contenders:
             new_namespace(cluster, kube, c.lease_namespace)
         versions = ", ".join(f"{c.title}: {c.version()}" for c in contenders)

@@ -668,12 +668,12 @@ ROWS: list[tuple[str, str, str]] = [
 
 
 def ratio(a: Any, b: Any) -> str:
-    try:
-        if b == 0:
-            return "-" if a == 0 else "inf"
-        return f"{a / b:.2f}"
-    except TypeError:
+    """a / b; none where it means nothing (a figure missing or below 0, such as a pause ended early)."""
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or a < 0 or b < 0:
         return "-"
+    if b == 0:
+        return "-" if a == 0 else "inf"
+    return f"{a / b:.2f}"
 
 
 def table(pair: dict[str, dict[str, Any]]) -> list[str]:

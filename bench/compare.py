@@ -616,6 +616,7 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
             "idle_requests": sum(idle["reads"].values()) + sum(idle["writes"].values()),
             "idle_lease_writes": sum(idle["lease_writes"].values()),
             "idle_lease_reads": sum(idle["lease_reads"].values()),
+            "idle_by_kind": dict(sorted((idle["reads"] + idle["writes"]).items())),
         }
     finally:
         for w in watches:

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all venv deps system-deps binaries crds check test unit e2e demo cluster-up cluster-down clean bench
+.PHONY: all venv deps system-deps binaries crds check test unit e2e demo cluster-up cluster-down clean bench compare
 
 all: test
 
@@ -90,3 +90,12 @@ image-local:
 bench: deps
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) -m bench.run --sizes 100 500 1000
+
+# GreyRelease and Argo Rollouts on the same releases, one after the other on one local cluster; builds Argo
+# Rollouts' controller on first use (e2e/build/build.sh argo). Writes bench/COMPARISON.md, comparison.json
+# and comparison.png. `make compare SIZES=20` for a quick run.
+SIZES ?= 100 500 1000
+compare: deps
+	e2e/build/build.sh argo
+	$(PY) -m pip install --quiet matplotlib
+	$(PY) -m bench.compare --sizes $(SIZES)

@@ -24,9 +24,59 @@ have() {
 
 have_crds() { [ -s "$CRDS/gateway.networking.k8s.io_httproutes.yaml" ]; }
 
+# --- Argo Rollouts' controller, for bench/compare.py only: `build.sh argo` (or GREYRELEASE_BUILD_ARGO=1) ----
+# Not part of the cluster: built only on request, after the cluster binaries. Its go.mod asks for a newer
+# Go than Kubernetes does (GOTOOLCHAIN is set for this build only), and like Traefik its dependencies
+# resolve only with its own replace directives (k8s.io/* pinned, two forks), which `go install` would
+# ignore: the wrapper module e2e/build/argo (committed with its go.sum) repeats them. Its CRDs are copied
+# beside the binaries, from the module's manifests/crds (a kustomization).
+ARGO_VERSION=${ARGO_VERSION:-1.10.2}
+ARGO_GOTOOLCHAIN=${ARGO_GOTOOLCHAIN:-go1.27.3}
+ARGO_CRDS="$CACHE/k8s-v$K8S_VERSION/crd/argo-rollouts-v$ARGO_VERSION"
+
+have_argo() {
+  [ -x "$BIN/rollouts-controller" ] && [ -s "$ARGO_CRDS/kustomization.yaml" ] &&
+    "$BIN/rollouts-controller" --version 2>/dev/null | grep -q "v$ARGO_VERSION"
+}
+
+build_argo() (
+  if have_argo; then echo "rollouts-controller v$ARGO_VERSION present in $BIN"; return 0; fi
+  command -v go >/dev/null || { echo "error: Go >= 1.21 is needed to build rollouts-controller" >&2; exit 1; }
+  export GOTOOLCHAIN=$ARGO_GOTOOLCHAIN CGO_ENABLED=0 GOFLAGS=-mod=mod
+  local mod="$HERE/argo" info gomod dir
+  mkdir -p "$BIN" "$mod"
+  info=$(go mod download -json "github.com/argoproj/argo-rollouts@v$ARGO_VERSION")
+  gomod=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])' <<<"$info")
+  dir=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$info")
+  if ! grep -q "github.com/argoproj/argo-rollouts v$ARGO_VERSION" "$mod/go.mod" 2>/dev/null; then
+    echo "generating $mod/go.mod for Argo Rollouts v$ARGO_VERSION"
+    rm -f "$mod/go.mod" "$mod/go.sum"
+    (cd "$mod" && go mod init greyrelease.io/e2e/argo >/dev/null 2>&1)
+    (cd "$mod" && go mod edit -go="$(awk '$1=="go"{print $2; exit}' "$gomod")")
+    awk '/^replace \($/ {b=1; next} b && /^\)/ {b=0} b && $2=="=>" {print $1"="$3"@"$4}
+         /^replace [^(]/ && $3=="=>" {print $2"="$4"@"$5}' "$gomod" |
+      while read -r r; do (cd "$mod" && go mod edit -replace="$r"); done
+    (cd "$mod" && go get "github.com/argoproj/argo-rollouts/cmd/rollouts-controller@v$ARGO_VERSION")
+  fi
+  echo "building rollouts-controller v$ARGO_VERSION"
+  # The module zip carries no commit, so the version reads v$ARGO_VERSION+unknown.
+  local pkg=github.com/argoproj/argo-rollouts/utils/version
+  (cd "$mod" && go build -trimpath \
+     -ldflags "-s -w -X $pkg.version=$ARGO_VERSION -X $pkg.buildDate=$(date -u -r "$gomod" +%Y-%m-%dT%H:%M:%SZ)" \
+     -o "$BIN/rollouts-controller" github.com/argoproj/argo-rollouts/cmd/rollouts-controller)
+  mkdir -p "$ARGO_CRDS"
+  cp "$dir"/manifests/crds/*.yaml "$ARGO_CRDS"/
+  chmod u+w "$ARGO_CRDS"/*.yaml  # the module cache is read-only
+  echo "rollouts-controller ready in $BIN, its CRDs in $ARGO_CRDS"
+)
+
+if [ "${1:-}" = argo ]; then build_argo; exit; fi
+WANT_ARGO=${GREYRELEASE_BUILD_ARGO:-0}  # 1: the cluster binaries, then rollouts-controller
+
 if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have etcd && have kwok && have traefik &&
    have_crds; then
   echo "cluster binaries present in $BIN"
+  if [ "$WANT_ARGO" = 1 ]; then build_argo; fi
   exit 0
 fi
 
@@ -150,3 +200,4 @@ build_kube
 build_traefik
 fetch_gateway_api_crds
 echo "cluster binaries ready in $BIN, Gateway API CRDs in $CRDS"
+if [ "$WANT_ARGO" = 1 ]; then build_argo; fi

@@ -1,0 +1,95 @@
+"""The API server's audit log, counted by client: what bench/compare.py needs beyond e2e/reliability.py.
+
+The local cluster's audit policy (e2e/harness/controlplane.py) logs writes only, with their bodies; a
+comparison of two controllers also wants their reads (GET, LIST, WATCH), by user agent.
+``AuditedCluster`` is the same local cluster with a policy that adds every read at the Metadata level
+(no body); the users the harness leaves out (KWOK, the scheduler, the controller-manager) stay out.
+``requests`` counts the events of one client (by User-Agent prefix) in a time window, reads and writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from e2e.harness import controlplane
+from e2e.harness.controlplane import AUDIT_QUIET_USERS, LocalCluster
+from e2e.reliability import WRITE_VERBS, parse_time
+
+
+def write_audit_policy_with_reads(path: Path) -> Path:
+    """The harness's policy, plus reads (level Metadata: who, what, when; no body). Watches are logged
+    when they end (the RequestReceived and ResponseStarted stages are left out)."""
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [
+            {"level": "None", "users": list(AUDIT_QUIET_USERS)},
+            {"level": "None", "userGroups": ["system:serviceaccounts:kube-system", "system:nodes"]},
+            {"level": "None", "nonResourceURLs": ["/*"]},
+            {"level": "Metadata", "verbs": ["get", "list", "watch"]},
+            {"level": "Request", "verbs": list(WRITE_VERBS)},
+        ],
+    }
+    path.write_text(json.dumps(policy, indent=2))  # JSON is YAML
+    return path
+
+
+class AuditedCluster(LocalCluster):
+    """A LocalCluster whose API server also audits reads. The harness builds the API server's arguments
+    in one method with its policy writer inline, so the writer is swapped for the duration of that call
+    (restarts of the API server go through the same method)."""
+
+    def _start_apiserver(self, deadline: float) -> None:
+        with mock.patch.object(controlplane, "write_audit_policy", write_audit_policy_with_reads):
+            super()._start_apiserver(deadline)
+
+
+def _events(log_dir: Path) -> Iterable[dict[str, Any]]:
+    """Every audit event in the log and its rotated backups (audit-<time>.log), oldest file first."""
+    files = sorted(log_dir.glob("audit*.log"), key=lambda p: p.stat().st_mtime)
+    for f in files:
+        with f.open(errors="replace") as lines:
+            for line in lines:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+
+
+def requests(
+    cluster: LocalCluster, agents: tuple[str, ...], since: datetime, until: datetime | None = None
+) -> Counter[tuple[str, str, str]]:
+    """Requests by clients whose User-Agent starts with one of ``agents``, received in [since, until),
+    counted by (verb, resource[/subresource], namespace)."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for ev in _events(cluster.audit_log.parent):
+        if not (ev.get("userAgent") or "").startswith(agents):
+            continue
+        at = parse_time(ev["requestReceivedTimestamp"])
+        if at < since or (until is not None and at >= until):
+            continue
+        ref = ev.get("objectRef") or {}
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        counts[(ev.get("verb", ""), resource, ref.get("namespace", ""))] += 1
+    return counts
+
+
+def split(counts: Counter[tuple[str, str, str]]) -> dict[str, Counter[str]]:
+    """Reads and writes by "verb resource", leader election (every request on a Lease) apart."""
+    out: dict[str, Counter[str]] = {
+        "reads": Counter(),
+        "writes": Counter(),
+        "lease_reads": Counter(),
+        "lease_writes": Counter(),
+    }
+    for (verb, resource, _ns), n in counts.items():
+        kind = "writes" if verb in WRITE_VERBS else "reads"
+        out[f"lease_{kind}" if resource == "leases" else kind][f"{verb} {resource}"] += n
+    return out

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from greyrelease.kubeclient import STRATEGIC, ApiError, Conflict, KubeClient, NotFound, load_configuration
 
 from e2e.harness.process import HERE, die_with_parent
@@ -231,7 +232,9 @@ def run(client: KubeClient, supervisor: Supervisor) -> None:
                 resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
                 if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                     supervisor.on_pod(event["type"], obj)
-        except (ApiError, OSError, ValueError) as exc:
+        except (ApiError, OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
+            # The API server may end a watch's stream mid-chunk (urllib3's ProtocolError): list and watch
+            # again. A watcher that died here would leave every pod unserved for the rest of the session.
             log.warning("pod watch: %s; listing again", exc)
             resource_version = None
             time.sleep(0.5)

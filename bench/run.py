@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,8 @@ import urllib3
 from e2e.controller import CRD
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.process import free_port
-from greyrelease.kubeclient import KubeClient, path
 from greyrelease.api import parse_time
+from greyrelease.kubeclient import KubeClient, path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = os.environ.get("GREYRELEASE_BENCH_PROFILE") == "1"
@@ -55,7 +55,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = 16) -> list[Any]:
@@ -148,7 +148,7 @@ class ServiceWatch(threading.Thread):
                     name = obj.get("metadata", {}).get("name", "")
                     if "pod-template-hash" in (obj.get("spec", {}).get("selector") or {}) and name not in self.narrowed:
                         self.narrowed[name] = time.time()
-        except Exception:  # noqa: BLE001 - the watch ends when the benchmark closes it
+        except Exception:  # the watch ends when the benchmark closes it
             return
 
     def close(self) -> None:
@@ -286,7 +286,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         cpu0 = stats.cpu()
         counts0 = api_counts(kube)
         latency0 = api_latency(kube)
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         t0 = time.time()
         batches = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
         parallel(lambda name: kube.create(gr_path, release(name, "v2", batches)), names)
@@ -302,7 +302,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         lags: list[float] = []
         timed: list[float] = []  # the transitions after a timed pause only (batch 1)
         for g in items:
-            for rec, pause in zip(g["status"]["history"], (PAUSE, 0.0)):
+            for rec, pause in zip(g["status"]["history"], (PAUSE, 0.0), strict=False):
                 ready, fin = parse_time(rec.get("readyAt")), parse_time(rec.get("finishedAt"))
                 if ready and fin:
                     lags.append((fin - ready).total_seconds() - pause)
@@ -317,7 +317,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         # Idle: every release finished and the cluster has settled (the promoted canaries' pods are
         # gone); nothing should be written by the controller, which is only asked to look every 5 min.
         wait(lambda: settled(kube, ns, n), 900, "cluster settled", 2)
-        idle_from = datetime.now(timezone.utc)
+        idle_from = datetime.now(UTC)
         time.sleep(60)
         idle_writes = controller_writes(cluster, ns, idle_from)
 

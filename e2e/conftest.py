@@ -15,6 +15,9 @@
   readiness gate a pod template lists so its pods become Ready only once they answer; `answering_app()` in
   e2e/harness/dataplane.py writes such a Deployment and its Service).
 - `namespace` (function): a fresh namespace, deleted after the test.
+- `crd` (session): the GreyRelease CRD that ships (crds/), applied and Established.
+- `controller` (function): `greyrelease run` as its own process watching `namespace` (e2e/controller.py);
+  stopped after the test, its log printed, and the namespace's GreyReleases dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.controller import CRD, Controller, drop_releases
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, install_gateway_api_crds
 from e2e.harness.process import new_workdir, sweep_stale_workdirs
@@ -93,3 +97,24 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     finally:
         # Not waiting: the namespace controller and KWOK finish the cleanup while the next test runs.
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> Path:
+    """The CRD that ships, applied with kubectl and established."""
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
+    return CRD
+
+
+@pytest.fixture
+def controller(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Controller]:
+    ctl = Controller(cluster, namespace, tmp_path / "controller.log")
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+        # pytest shows a test's captured output only when it fails: then the controller's log helps.
+        print(f"--- controller log (last lines) ---\n{ctl.logs()}")
+        drop_releases(cluster, namespace)

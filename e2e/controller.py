@@ -1,5 +1,6 @@
-"""Fixtures and helpers for end-to-end tests of the controller: the CRD as shipped, the controller as its
-own process (``greyrelease run``), and small apps to release."""
+"""Helpers for end-to-end tests of the controller: the CRD as shipped, the controller as its own process
+(``greyrelease run``), and small apps to release. The `crd` and `controller` fixtures built on them live in
+e2e/conftest.py."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from e2e.harness.controlplane import Cluster
 
@@ -69,27 +68,6 @@ class Controller:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
-
-
-@pytest.fixture(scope="session")
-def crd(cluster: Cluster) -> Path:
-    """The CRD that ships, applied with kubectl and established."""
-    cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
-    return CRD
-
-
-@pytest.fixture
-def controller(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Controller]:
-    ctl = Controller(cluster, namespace, tmp_path / "controller.log")
-    ctl.start()
-    try:
-        yield ctl
-    finally:
-        ctl.stop()
-        # pytest shows a test's captured output only when it fails: then the controller's log helps.
-        print(f"--- controller log (last lines) ---\n{ctl.logs()}")
-        drop_releases(cluster, namespace)
 
 
 def drop_releases(cluster: Cluster, namespace: str) -> None:

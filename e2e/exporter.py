@@ -19,6 +19,7 @@ HTTP API (JSON):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -84,10 +85,8 @@ class Simulator:
                 self.configs.pop(k, None)
                 self.carry.pop(k, None)
                 for metric in (self.requests, self.errors, self.latency):
-                    try:
+                    with contextlib.suppress(KeyError):
                         metric.remove(*k)
-                    except KeyError:
-                        pass
 
     def tick(self, seconds: float) -> None:
         with self.lock:
@@ -131,7 +130,7 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         def _json(self, code: int, value: object) -> None:
             self._send(code, json.dumps(value).encode())
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:  # http.server's naming
             path = urlparse(self.path).path
             if path == "/metrics":
                 self._send(200, generate_latest(sim.registry), CONTENT_TYPE_LATEST)
@@ -143,7 +142,7 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             else:
                 self._json(404, {"error": "not found"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if urlparse(self.path).path != "/config":
                 self._json(404, {"error": "not found"})
                 return
@@ -160,7 +159,7 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 return
             self._json(200, asdict(config))
 
-        def do_DELETE(self) -> None:  # noqa: N802
+        def do_DELETE(self) -> None:
             url = urlparse(self.path)
             if url.path != "/config":
                 self._json(404, {"error": "not found"})
@@ -195,10 +194,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9100)
     args = parser.parse_args()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve(args.host, args.port)
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ release left nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -11,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def parse_time(text: str) -> datetime:
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -227,10 +228,8 @@ def wait_no_leftovers(cluster: Cluster, namespace: str, timeout: float = 60.0) -
         left = leftovers(cluster, namespace)
         return not left
 
-    try:
+    with contextlib.suppress(AssertionError):
         wait_for(clean, timeout, "no canary objects left", 1.0)
-    except AssertionError:
-        pass
     return left
 
 

@@ -7,11 +7,9 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures
+from e2e.controller import (
     Controller,
     apply_release,
-    controller,
-    crd,
     deploy_app,
     deployment,
     events,

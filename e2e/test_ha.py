@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures
+from e2e.controller import (
     Controller,
     apply_release,
-    crd,
     deploy_app,
-    deployment,
     drop_releases,
     events,
     gr,

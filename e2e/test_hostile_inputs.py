@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import Controller, app_manifest, controller, crd, deployment, status, wait_for  # noqa: F401
+from e2e.controller import Controller, app_manifest, deployment, status, wait_for
 from e2e.harness.controlplane import Cluster
 from e2e.hostile_inputs import CASES, markdown
 
@@ -54,7 +54,11 @@ def test_hostile_inputs_are_refused_or_marked_and_nothing_is_touched(
     for case in accepted:
         name = body(case)["metadata"]["name"]
         want = "InvalidSpec" if case.expect == "invalid" else "Failed"
-        st = wait_for(lambda: (s := status(cluster, namespace, name)).get("phase") == want and s, 60, f"{case.id} {want}")
+        st = wait_for(
+            lambda name=name, want=want: (s := status(cluster, namespace, name)).get("phase") == want and s,
+            60,
+            f"{case.id} {want}",
+        )
         assert case.mentions in st["message"], f"{case.id}: {st['message']}"
 
     # Nothing the invalid releases name was touched, and no canary exists for them.

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures (controller, crd)
+from e2e.controller import (
     Controller,
     apply_release,
-    controller,
-    crd,
     deploy_app,
     gr,
     status,

@@ -8,11 +8,9 @@ import time
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures
+from e2e.controller import (
     Controller,
     apply_release,
-    controller,
-    crd,
     deploy_app,
     deployment,
     endpoint_pods,

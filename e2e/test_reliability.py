@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures
+from e2e.controller import (
     Controller,
     apply_release,
-    crd,
     deploy_app,
     deployment,
     drop_releases,
@@ -38,9 +37,7 @@ from e2e.reliability import (
     SlowPrometheus,
     audited_writes,
     deploy_apps,
-    leftovers,
     now,
-    parse_time,
     release_events,
     wait_no_leftovers,
 )
@@ -124,7 +121,7 @@ def idle_window(
                                           batches=[{"replicas": 1}, {"replicas": 2}], trafficRouting={"service": {"name": "done"}}))  # fmt: skip
             apply_release(cluster, ns, gr("held", targetRef={"name": "held"}, targetVersion="v2",
                                           batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 2}], trafficRouting={"service": {"name": "held"}}))  # fmt: skip
-            wait_for(lambda: status(cluster, ns, "held").get("batchReadyAt"), 60, "held: batch 1 live")
+            wait_for(lambda ns=ns: status(cluster, ns, "held").get("batchReadyAt"), 60, "held: batch 1 live")
             cluster.kubectl("annotate", "gr", "held", "-n", ns, "greyrelease.io/pause=true")
         for ns in namespaces.values():
             assert wait_phase(cluster, ns, "done", TERMINAL, timeout=60)["phase"] == "Succeeded"

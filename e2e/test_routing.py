@@ -17,12 +17,9 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures
-    ROOT,
+from e2e.controller import (
     Controller,
     apply_release,
-    controller,
-    crd,
     deploy_app,
     deployment,
     gr,
@@ -156,7 +153,7 @@ def test_full_release_sets_the_planned_weight_at_every_batch_and_leaves_routing_
 ) -> None:
     applied = setup_app(cluster, namespace, routing)
     planned = [20, 50, 80, 100]
-    batches = [{"replicas": r, "weight": w, "pause": "manual"} for r, w in zip((1, 2, 3, 4), planned)]
+    batches = [{"replicas": r, "weight": w, "pause": "manual"} for r, w in zip((1, 2, 3, 4), planned, strict=True)]
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=routing))
     for k, weight in enumerate(planned, start=1):
         wait_for(live_batch(cluster, namespace, k), 60, f"batch {k} live")

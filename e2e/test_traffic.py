@@ -24,11 +24,8 @@ from typing import Any
 import pytest
 from greyrelease.kubeclient import KubeClient, load_configuration
 
-from e2e.controller import (  # noqa: F401 - fixtures
-    Controller,
+from e2e.controller import (
     apply_release,
-    controller,
-    crd,
     deployment,
     gr,
     status,

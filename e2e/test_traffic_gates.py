@@ -17,11 +17,9 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (  # noqa: F401 - fixtures
+from e2e.controller import (
     Controller,
     apply_release,
-    controller,
-    crd,
     deployment,
     gr,
     status,
@@ -164,7 +162,7 @@ def print_load(run: Run, end: float) -> None:
 @pytest.mark.parametrize("mode", ["gateway", "service"])
 def test_a_good_release_loses_no_request(
     cluster: Cluster, dataplane: DataPlane, namespace: str, mode: str,
-    controller: Controller,  # noqa: F811 - the fixture
+    controller: Controller,
 ) -> None:
     host = deploy(cluster, dataplane, namespace, mode, replicas=4, service="web")
     if mode == "gateway":
@@ -218,7 +216,7 @@ CASES = [BadCase("v2-err30", ERROR_GATE, "error"), BadCase("v2-slow300ms", LATEN
 @pytest.mark.parametrize("case", CASES, ids=[c.tag for c in CASES])
 def test_a_bad_canary_is_rolled_back_by_the_proxys_numbers(
     cluster: Cluster, dataplane: DataPlane, namespace: str, prometheus: PrometheusStack, case: BadCase,
-    controller: Controller,  # noqa: F811 - the fixture
+    controller: Controller,
 ) -> None:
     host = deploy(cluster, dataplane, namespace, "gateway", replicas=4, service="web-stable")
     body = gr(

@@ -42,7 +42,9 @@ def test_killing_the_leader_hands_over_and_the_release_completes_once(
         with urllib.request.urlopen(f"http://127.0.0.1:{b_health}/healthz", timeout=5) as resp:
             assert resp.status == 200 and b"standby" in resp.read()
         deploy_app(cluster, namespace, replicas=6)
-        batches = [{"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6, "pause": "3s"}, {"replicas": 6}]
+        batches = [
+            {"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6, "pause": "3s"}, {"replicas": 6},
+        ]
         apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches,
                                              trafficRouting={"service": {"name": "web"}}))  # fmt: skip
         wait_for(lambda: status(cluster, namespace, "web").get("currentBatch") == 2, 60, "batch 2")

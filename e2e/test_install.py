@@ -210,7 +210,8 @@ def test_release_and_abort_with_only_the_shipped_rbac(
 
     # A whole release, to the end.
     batches = [{"replicas": 2, "pause": "1s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     st = sa_controller.wait_phase("web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
     assert st["phase"] == "Succeeded", (st, sa_controller.logs())
     dep = deployment(cluster, namespace, "web")
@@ -219,7 +220,8 @@ def test_release_and_abort_with_only_the_shipped_rbac(
 
     # The next version, aborted while it waits for approval: everything back to v2.
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v3", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v3",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt") and status(cluster, namespace, "web").get("targetVersion") == "v3",
              60, "batch 1 of v3 live")  # fmt: skip
     cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true")

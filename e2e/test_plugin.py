@@ -73,7 +73,9 @@ def test_every_subcommand_on_a_real_release(
     cluster: Cluster, namespace: str, controller: Controller, tmp_path: Path
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
-    manual = [{"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "manual"}, {"replicas": 3, "pause": "manual"}, {"replicas": 4}]
+    manual = [
+        {"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "manual"}, {"replicas": 3, "pause": "manual"}, {"replicas": 4},
+    ]
     body = gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=manual, trafficRouting=SERVICE)
     release_file = tmp_path / "release.yaml"
     release_file.write_text(json.dumps(body))

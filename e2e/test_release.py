@@ -60,8 +60,11 @@ def test_full_release_in_four_batches(cluster: Cluster, namespace: str, controll
     wait_for(lambda: len(endpoint_pods(cluster, namespace, "web")) == 10, 30, "10 pods behind the Service")
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    batches = [{"replicas": 2, "pause": "2s"}, {"replicas": 5, "pause": "2s"}, {"replicas": 8, "pause": "2s"}, {"replicas": 10}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    batches = [
+        {"replicas": 2, "pause": "2s"}, {"replicas": 5, "pause": "2s"}, {"replicas": 8, "pause": "2s"}, {"replicas": 10},
+    ]
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     st = wait_phase(cluster, namespace, "web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
     time.sleep(0.5)
     stop.set()
@@ -92,7 +95,8 @@ def test_full_release_in_four_batches(cluster: Cluster, namespace: str, controll
 def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: str, controller: Controller) -> None:
     deploy_app(cluster, namespace, replicas=6)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 6}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     wait_for(lambda: len([p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p]) == 2, 20, "canary in endpoints")
 
@@ -119,7 +123,8 @@ def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: st
 def test_manual_pause_waits_for_promote_and_pause_holds(cluster: Cluster, namespace: str, controller: Controller) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "1s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: "waiting for approval" in status(cluster, namespace, "web").get("message", ""), 60, "manual pause")
     time.sleep(3)
     st = status(cluster, namespace, "web")
@@ -166,8 +171,11 @@ def test_controller_killed_mid_batch_resumes_without_skipping_or_repeating(
     cluster: Cluster, namespace: str, controller: Controller
 ) -> None:
     deploy_app(cluster, namespace, replicas=8)
-    batches = [{"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6, "pause": "3s"}, {"replicas": 8}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    batches = [
+        {"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6, "pause": "3s"}, {"replicas": 8},
+    ]
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("currentBatch") == 2, 60, "batch 2")
     controller.kill()
     before = status(cluster, namespace, "web")
@@ -201,7 +209,8 @@ def test_app_name_matching_two_deployments_is_marked_and_nothing_touched(
 def test_deleting_a_release_mid_batch_restores_the_app(cluster: Cluster, namespace: str, controller: Controller) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     assert (deployment(cluster, namespace, "web") or {})["spec"]["replicas"] == 2
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--timeout=60s")

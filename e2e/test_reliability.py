@@ -288,8 +288,11 @@ def test_api_server_restart_mid_release(
     controller.start()
     try:
         deploy_app(cluster, namespace, replicas=4)
-        batches = [{"replicas": 1, "pause": "2s"}, {"replicas": 2, "pause": "2s"}, {"replicas": 3, "pause": "2s"}, {"replicas": 4}]
-        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+        batches = [
+            {"replicas": 1, "pause": "2s"}, {"replicas": 2, "pause": "2s"}, {"replicas": 3, "pause": "2s"}, {"replicas": 4},
+        ]
+        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                             batches=batches, trafficRouting=SERVICE))  # fmt: skip
         wait_for(lambda: (s := status(cluster, namespace, "web")).get("currentBatch") == 2 and s.get("batchReadyAt"), 60, "batch 2 live")
         before = status(cluster, namespace, "web")
         t_stop = time.monotonic()
@@ -331,7 +334,8 @@ def test_user_scaling_the_stable_mid_release_is_reverted_once_per_transition(
     deploy_app(cluster, namespace, replicas=6)
     started = now()
     batches = [{"replicas": 2, "pause": "5s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     st = status(cluster, namespace, "web")
     assert st["restore"]["replicas"] == 6 and (deployment(cluster, namespace, "web") or {})["spec"]["replicas"] == 4
@@ -401,7 +405,8 @@ def test_release_deleted_while_the_controller_is_down_is_cleaned_up_on_restart(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     ctl.kill()
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--wait=false")
@@ -421,7 +426,8 @@ def test_target_deleted_mid_release_fails_and_leaves_nothing(cluster: Cluster, n
     deploy_app(cluster, namespace, replicas=4)
     # Noticed at once, even while the batch holds on a long pause: a Deployment deleted wakes its release.
     batches = [{"replicas": 2, "pause": "60s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     cluster.kubectl("delete", "deployment", "web", "-n", namespace)
     st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=30)
@@ -440,7 +446,8 @@ def test_canary_deleted_mid_release_is_recreated_and_the_release_completes(
     deploy_app(cluster, namespace, replicas=4)
     pause = 4  # the deletion is noticed at once, not when this pause ends
     batches = [{"replicas": 2, "pause": f"{pause}s"}, {"replicas": 4, "pause": "1s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE))
+    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     old = (deployment(cluster, namespace, "web-canary") or {})["metadata"]["uid"]
     t0 = time.monotonic()

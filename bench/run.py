@@ -95,7 +95,9 @@ class ProcStats:
         self._stop.set()
 
 
-def api_counts(kube: KubeClient, family_name: str = "apiserver_request", suffix: str = "_total") -> Counter[tuple[str, str]]:
+def api_counts(
+    kube: KubeClient, family_name: str = "apiserver_request", suffix: str = "_total"
+) -> Counter[tuple[str, str]]:
     """apiserver_request_total by (verb, resource), for the resources the controller uses (or another
     per-request series of the API server, e.g. the sum of apiserver_request_duration_seconds)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -134,7 +136,11 @@ class ServiceWatch(threading.Thread):
         rv = listing["metadata"]["resourceVersion"]
         url = self.kube.host + path("", "v1", "services", self.namespace) + f"?watch=1&resourceVersion={rv}"
         self._resp = self.kube._pool.request(
-            "GET", url, headers=self.kube._headers(), preload_content=False, timeout=urllib3.Timeout(connect=5, read=600)
+            "GET",
+            url,
+            headers=self.kube._headers(),
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=5, read=600),
         )
         self.started.set()
         buf = b""
@@ -293,11 +299,14 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
 
         def finished() -> bool:
             items = kube.list(gr_path)
-            return sum(1 for g in items if (g.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Aborted")) == n
+            done = ("Succeeded", "Failed", "Aborted")
+            return sum(1 for g in items if (g.get("status") or {}).get("phase") in done) == n
 
         wait(finished, 1800, f"{n} releases finished", 1)
         items = kube.list(gr_path)
-        done_at = max(parse_time(g["status"].get("phaseStartedAt")) or datetime.fromtimestamp(t0).astimezone() for g in items)
+        done_at = max(
+            parse_time(g["status"].get("phaseStartedAt")) or datetime.fromtimestamp(t0).astimezone() for g in items
+        )
         phases = Counter(g["status"]["phase"] for g in items)
         lags: list[float] = []
         timed: list[float] = []  # the transitions after a timed pause only (batch 1)
@@ -409,7 +418,7 @@ def top_functions(collapsed: Path, limit: int = 15) -> str:
         n = int(count)
         samples += n
         for frame in set(stack.split(";")):
-            if "greyrelease" in frame or "kopf" in frame or "json" in frame or "pydantic" in frame or "urllib3" in frame:
+            if any(lib in frame for lib in ("greyrelease", "kopf", "json", "pydantic", "urllib3")):
                 totals[frame] += n
     rows = [f"{100 * v / max(samples, 1):5.1f}%  {k}" for k, v in totals.most_common(limit)]
     return f"{samples} samples\n" + "\n".join(rows)
@@ -467,15 +476,19 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
             f"| phases | {r['phases']} |",
             f"| completion (apply -> last Succeeded) | {r['completion_s']} s |",
             f"| transition lag beyond the pause, p50 / p99 | {r['lag_p50_s']} s / {r['lag_p99_s']} s |",
-            f"| the same, after the timed pauses only (batch 1), p50 / p99 | {r['timed_lag_p50_s']} s / {r['timed_lag_p99_s']} s |",
-            f"| abort latency ({r['abort_n']} releases at once), p50 / p99 | {r['abort_p50_s']} s / {r['abort_p99_s']} s |",
-            f"| controller CPU while the aborts were cut (first written -> last narrowed) | {r['abort_cpu_s']} s in {r['abort_wall_s']} s |",
+            f"| the same, after the timed pauses only (batch 1), p50 / p99 "
+            f"| {r['timed_lag_p50_s']} s / {r['timed_lag_p99_s']} s |",
+            f"| abort latency ({r['abort_n']} releases at once), p50 / p99 "
+            f"| {r['abort_p50_s']} s / {r['abort_p99_s']} s |",
+            f"| controller CPU while the aborts were cut (first written -> last narrowed) "
+            f"| {r['abort_cpu_s']} s in {r['abort_wall_s']} s |",
             f"| controller CPU during the releases | {r['cpu_s']} s |",
             f"| controller peak resident memory | {r['peak_rss_mib']} MiB |",
             f"| controller API writes per batch transition (audit log, all resources) | {r['writes_per_transition']} "
             f"({', '.join(f'{k} {v}' for k, v in r['writes_per_transition_by_resource'].items())}) |",
             f"| controller API writes while idle (60 s, after the cluster settled) | {r['idle_writes_60s']:g} |",
-            f"| reconcile passes per release; mean pass; 99% of passes under | {r['reconcile']['passes'] / r['n']:.1f}; "
+            f"| reconcile passes per release; mean pass; 99% of passes under "
+            f"| {r['reconcile']['passes'] / r['n']:.1f}; "
             f"{1000 * r['reconcile']['mean_s']:.1f} ms; {r['reconcile']['p99_le_s']:g} s |",
             "",
             "Mean API server time per request during the releases (its own `apiserver_request_duration_seconds`,",

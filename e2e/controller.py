@@ -74,7 +74,9 @@ def drop_releases(cluster: Cluster, namespace: str) -> None:
     """Delete the namespace's GreyReleases without a controller: their finalizer would hold the namespace."""
     cluster.kubectl("delete", "gr", "--all", "-n", namespace, "--wait=false", check=False)
     for name in cluster.kubectl("get", "gr", "-n", namespace, "-o", "name", check=False).stdout.split():
-        cluster.kubectl("patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        cluster.kubectl(
+            "patch", name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+        )
 
 
 def app_manifest(name: str = "web", replicas: int = 10, image: str = "registry.example/app:v1") -> str:
@@ -126,7 +128,9 @@ def wait_phase(cluster: Cluster, namespace: str, name: str, phases: set[str], ti
 
 def endpoint_pods(cluster: Cluster, namespace: str, service: str) -> list[str]:
     """Names of the ready pods behind a Service, from its EndpointSlices."""
-    slices = cluster.kubectl_json("get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={service}")
+    slices = cluster.kubectl_json(
+        "get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={service}"
+    )
     return [
         ep["targetRef"]["name"]
         for s in slices["items"]
@@ -141,7 +145,8 @@ def deployment(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | 
 
 
 def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    items = cluster.kubectl_json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name},involvedObject.kind=GreyRelease")["items"]
+    selector = f"involvedObject.name={name},involvedObject.kind=GreyRelease"
+    items = cluster.kubectl_json("get", "events", "-n", namespace, "--field-selector", selector)["items"]
     return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
 

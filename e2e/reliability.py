@@ -54,7 +54,10 @@ class Write:
 
     def __str__(self) -> str:
         sub = f"/{self.subresource}" if self.subresource else ""
-        return f"{self.at:%H:%M:%S.%f} {self.agent.split(' ')[0]:<14} {self.verb:<6} {self.resource}{sub}/{self.name} {self.code}"
+        return (
+            f"{self.at:%H:%M:%S.%f} {self.agent.split(' ')[0]:<14} {self.verb:<6} "
+            f"{self.resource}{sub}/{self.name} {self.code}"
+        )
 
 
 def audited_writes(
@@ -235,7 +238,9 @@ def wait_no_leftovers(cluster: Cluster, namespace: str, timeout: float = 60.0) -
 
 def release_events(cluster: Cluster, namespace: str) -> dict[str, Counter[tuple[str, str]]]:
     """Per GreyRelease, how many times each (reason, message) Event was posted (counting `count`)."""
-    items = cluster.kubectl_json("get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=GreyRelease")["items"]
+    items = cluster.kubectl_json(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=GreyRelease"
+    )["items"]
     out: dict[str, Counter[tuple[str, str]]] = {}
     for ev in items:
         name = ev["involvedObject"]["name"]

@@ -80,8 +80,14 @@ def test_error_rate_raised_in_batch_two_rolls_back_in_time(
     interval, failure_limit = 2, 0
     batches = [{"replicas": 1, "pause": "3s"}, {"replicas": 2, "pause": "60s"}, {"replicas": 4}]
     apply_release(cluster, namespace, release_with(
-        prometheus, {"thresholdRange": {"max": 0.05}, "failureLimit": failure_limit}, batches=batches, interval=f"{interval}s"))  # fmt: skip
-    wait_for(lambda: status(cluster, namespace, "web").get("currentBatch") == 2 and status(cluster, namespace, "web").get("batchReadyAt"), 90, "batch 2 live")
+        prometheus, {"thresholdRange": {"max": 0.05}, "failureLimit": failure_limit},
+        batches=batches, interval=f"{interval}s"))  # fmt: skip
+    wait_for(
+        lambda: status(cluster, namespace, "web").get("currentBatch") == 2
+        and status(cluster, namespace, "web").get("batchReadyAt"),
+        90,
+        "batch 2 live",
+    )
     prometheus.set_rates(namespace, "web", "canary", rps=50, error_ratio=0.5)
     t0 = time.monotonic()
     st = wait_phase(cluster, namespace, "web", {"Failed", "Succeeded", "Aborted"}, timeout=60)
@@ -133,14 +139,23 @@ def test_prometheus_down_never_lets_a_batch_pass(
     ids=["fail", "pass", "wait-until-deadline"],
 )
 def test_no_data_follows_on_no_data(
-    cluster: Cluster, namespace: str, controller: Controller, prometheus: PrometheusStack, on_no_data: str, expected: str
+    cluster: Cluster,
+    namespace: str,
+    controller: Controller,
+    prometheus: PrometheusStack,
+    on_no_data: str,
+    expected: str,
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     body = release_with(prometheus, {"thresholdRange": {"max": 1}, "onNoData": on_no_data}, progressDeadlineSeconds=8)
     body["spec"]["analysis"]["metrics"][0]["query"] = NOTHING
     apply_release(cluster, namespace, body)
     if on_no_data == "wait":
-        wait_for(lambda: "waiting for the analysis" in status(cluster, namespace, "web").get("message", ""), 60, "waiting for data")
+        wait_for(
+            lambda: "waiting for the analysis" in status(cluster, namespace, "web").get("message", ""),
+            60,
+            "waiting for data",
+        )
     st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=90)
     assert st["phase"] == expected, st
     if on_no_data == "fail":

@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def body(case) -> dict:  # type: ignore[no-untyped-def]
-    obj = {"apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": f"{case.name}-{case.id}"[:253]}}
+    obj = {
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "metadata": {"name": f"{case.name}-{case.id}"[:253]},
+    }
     if case.name != "hostile":
         obj["metadata"]["name"] = case.name
     if case.spec is not None:
@@ -39,7 +43,9 @@ def test_hostile_inputs_are_refused_or_marked_and_nothing_is_touched(
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
     for name in ("web", "odd", "twin-a", "twin-b"):
         cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, "--timeout=60s")
-    before = {n: cluster.kubectl_json("get", "deployment", n, "-n", namespace)["spec"] for n in ("web", "twin-a", "twin-b")}
+    before = {
+        n: cluster.kubectl_json("get", "deployment", n, "-n", namespace)["spec"] for n in ("web", "twin-a", "twin-b")
+    }
 
     accepted = []
     for case in CASES:
@@ -62,7 +68,9 @@ def test_hostile_inputs_are_refused_or_marked_and_nothing_is_touched(
         assert case.mentions in st["message"], f"{case.id}: {st['message']}"
 
     # Nothing the invalid releases name was touched, and no canary exists for them.
-    after = {n: cluster.kubectl_json("get", "deployment", n, "-n", namespace)["spec"] for n in ("web", "twin-a", "twin-b")}
+    after = {
+        n: cluster.kubectl_json("get", "deployment", n, "-n", namespace)["spec"] for n in ("web", "twin-a", "twin-b")
+    }
     assert after == before
     for name in ("web-canary", "twin-a-canary", "twin-b-canary", "odd-canary"):
         assert deployment(cluster, namespace, name) is None

@@ -63,7 +63,9 @@ def installed(cluster: Cluster) -> list[dict[str, Any]]:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
     cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
     wait_for(
-        lambda: cluster.kubectl("get", "serviceaccount", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0,
+        lambda: cluster.kubectl(
+            "get", "serviceaccount", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, check=False
+        ).returncode == 0,
         10, "the controller's ServiceAccount",
     )  # fmt: skip
     return objects
@@ -151,9 +153,13 @@ def test_the_manager_deployment_is_locked_down() -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
-    assert container["args"] == ["--health-port=8080", "--metrics-port=8090", "--leader-election-namespace=$(POD_NAMESPACE)"]
+    assert container["args"] == [
+        "--health-port=8080", "--metrics-port=8090", "--leader-election-namespace=$(POD_NAMESPACE)"
+    ]
     assert {"name": "metrics", "containerPort": 8090, "protocol": "TCP"} in container["ports"]
-    assert container["env"] == [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    assert container["env"] == [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    ]
 
 
 def test_the_cluster_role_has_no_wildcards(installed: list[dict[str, Any]]) -> None:
@@ -194,7 +200,9 @@ def test_service_account_may_do_its_job_and_no_more(
 
 def test_leases_only_in_the_controller_namespace(cluster: Cluster, installed: list[dict[str, Any]]) -> None:
     def can(ns: str) -> str:
-        return cluster.kubectl("auth", "can-i", "update", "leases.coordination.k8s.io", "-n", ns, AS_CONTROLLER, check=False).stdout.strip()
+        return cluster.kubectl(
+            "auth", "can-i", "update", "leases.coordination.k8s.io", "-n", ns, AS_CONTROLLER, check=False
+        ).stdout.strip()
 
     assert can(SYSTEM_NAMESPACE) == "yes" and can("default") == "no"
 
@@ -222,7 +230,8 @@ def test_release_and_abort_with_only_the_shipped_rbac(
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v3",
                                          batches=batches, trafficRouting=SERVICE))  # fmt: skip
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt") and status(cluster, namespace, "web").get("targetVersion") == "v3",
+    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt")
+             and status(cluster, namespace, "web").get("targetVersion") == "v3",
              60, "batch 1 of v3 live")  # fmt: skip
     cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true")
     st = sa_controller.wait_phase("web", {"Aborted"}, timeout=60)
@@ -234,7 +243,9 @@ def test_release_and_abort_with_only_the_shipped_rbac(
 
     # Deleting it: the controller lets its finalizer go.
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--wait=false")
-    wait_for(lambda: cluster.kubectl("get", "gr", "web", "-n", namespace, check=False).returncode != 0, 30, "release deleted")
+    wait_for(
+        lambda: cluster.kubectl("get", "gr", "web", "-n", namespace, check=False).returncode != 0, 30, "release deleted"
+    )
 
     # Events were posted by the controller itself, as the ServiceAccount.
     reasons = [e["reason"] for e in events(cluster, namespace, "web")]

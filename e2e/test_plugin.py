@@ -64,7 +64,9 @@ def annotations(cluster: Cluster, namespace: str) -> dict[str, str]:
 
 def test_kubectl_discovers_the_plugin(cluster: Cluster) -> None:
     assert (BIN / "kubectl-gr").exists(), "pip install -e . installs the kubectl-gr console script"
-    found = subprocess.run([cluster.kubectl_path, "plugin", "list"], capture_output=True, text=True, env=plugin_env(cluster))
+    found = subprocess.run(
+        [cluster.kubectl_path, "plugin", "list"], capture_output=True, text=True, env=plugin_env(cluster)
+    )
     assert str(BIN / "kubectl-gr") in found.stdout, (found.stdout, found.stderr)
     assert "status" in gr_cmd(cluster, "--help").stdout
 
@@ -74,7 +76,8 @@ def test_every_subcommand_on_a_real_release(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     manual = [
-        {"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "manual"}, {"replicas": 3, "pause": "manual"}, {"replicas": 4},
+        {"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "manual"},
+        {"replicas": 3, "pause": "manual"}, {"replicas": 4},
     ]
     body = gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=manual, trafficRouting=SERVICE)
     release_file = tmp_path / "release.yaml"
@@ -84,13 +87,19 @@ def test_every_subcommand_on_a_real_release(
     offline = gr_cmd(cluster, "plan", "-f", str(release_file), "--replicas", "8").stdout.splitlines()
     assert offline[0] == "GreyRelease web: v2 over 8 replicas, traffic by service"
     # The last batch is all of the replicas and all of the traffic.
-    assert [row.split()[:4] for row in offline[2:6]] == [["1", "1", "7", "12%"], ["2", "2", "6", "25%"], ["3", "3", "5", "38%"], ["4", "8", "0", "100%"]]
+    assert [row.split()[:4] for row in offline[2:6]] == [
+        ["1", "1", "7", "12%"], ["2", "2", "6", "25%"], ["3", "3", "5", "38%"], ["4", "8", "0", "100%"]
+    ]
     live = gr_cmd(cluster, "plan", "-f", str(release_file), "-n", namespace).stdout
     assert live.splitlines()[0] == "GreyRelease web: v2 over 4 replicas, traffic by service", live
 
     # status of a release waiting for approval at batch 1.
     apply_release(cluster, namespace, body)
-    wait_for(lambda: "waiting for approval" in status(cluster, namespace, "web").get("message", ""), 60, "manual pause at batch 1")
+    wait_for(
+        lambda: "waiting for approval" in status(cluster, namespace, "web").get("message", ""),
+        60,
+        "manual pause at batch 1",
+    )
     out = gr_cmd(cluster, "status", "web", "-n", namespace).stdout
     assert field(out, "Phase").startswith("Progressing")
     assert field(out, "Batch") == "[##--------] 1/4"
@@ -118,7 +127,11 @@ def test_every_subcommand_on_a_real_release(
     # promote: batch 2; then promote --full while `status -w` watches, which ends by itself at Succeeded.
     gr_cmd(cluster, "promote", "web", "-n", namespace)
     wait_for(lambda: status(cluster, namespace, "web").get("currentBatch") == 2, 30, "batch 2")
-    wait_for(lambda: "waiting for approval" in status(cluster, namespace, "web").get("message", ""), 60, "manual pause at batch 2")
+    wait_for(
+        lambda: "waiting for approval" in status(cluster, namespace, "web").get("message", ""),
+        60,
+        "manual pause at batch 2",
+    )
     watch = gr_watch(cluster, "web", "-n", namespace)
     time.sleep(1.5)
     gr_cmd(cluster, "promote", "web", "--full", "-n", namespace)
@@ -134,7 +147,8 @@ def test_every_subcommand_on_a_real_release(
     # abort a new version, then retry it.
     apply_release(cluster, namespace, {**body, "spec": {**body["spec"], "targetVersion": "v3"}})
     wait_for(lambda: status(cluster, namespace, "web").get("targetVersion") == "v3"
-             and "waiting for approval" in status(cluster, namespace, "web").get("message", ""), 60, "v3 at batch 1")  # fmt: skip
+             and "waiting for approval" in status(cluster, namespace, "web").get("message", ""),
+             60, "v3 at batch 1")  # fmt: skip
     aborted = gr_cmd(cluster, "abort", "web", "-n", namespace).stdout
     assert aborted.strip() == "greyrelease.greyrelease.io/web annotated (greyrelease.io/abort=true)"
     wait_phase(cluster, namespace, "web", {"Aborted"}, timeout=60)
@@ -143,7 +157,8 @@ def test_every_subcommand_on_a_real_release(
     assert "Aborted" in out.split("Events:")[1]
     gr_cmd(cluster, "retry", "web", "-n", namespace)
     wait_for(lambda: status(cluster, namespace, "web").get("phase") == "Progressing"
-             and "waiting for approval" in status(cluster, namespace, "web").get("message", ""), 60, "v3 retried")  # fmt: skip
+             and "waiting for approval" in status(cluster, namespace, "web").get("message", ""),
+             60, "v3 retried")  # fmt: skip
     left = annotations(cluster, namespace)
     assert "greyrelease.io/abort" not in left and "greyrelease.io/retry" not in left  # consumed by the retry
     assert "Retried" in gr_cmd(cluster, "status", "web", "-n", namespace).stdout

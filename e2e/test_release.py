@@ -61,7 +61,8 @@ def test_full_release_in_four_batches(cluster: Cluster, namespace: str, controll
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     batches = [
-        {"replicas": 2, "pause": "2s"}, {"replicas": 5, "pause": "2s"}, {"replicas": 8, "pause": "2s"}, {"replicas": 10},
+        {"replicas": 2, "pause": "2s"}, {"replicas": 5, "pause": "2s"},
+        {"replicas": 8, "pause": "2s"}, {"replicas": 10},
     ]
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
                                          batches=batches, trafficRouting=SERVICE))  # fmt: skip
@@ -98,11 +99,20 @@ def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: st
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
                                          batches=batches, trafficRouting=SERVICE))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
-    wait_for(lambda: len([p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p]) == 2, 20, "canary in endpoints")
+    wait_for(
+        lambda: len([p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p]) == 2,
+        20,
+        "canary in endpoints",
+    )
 
     cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true")
     t0 = time.monotonic()
-    wait_for(lambda: not [p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p], 10, "canary out of endpoints", 0.05)
+    wait_for(
+        lambda: not [p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p],
+        10,
+        "canary out of endpoints",
+        0.05,
+    )
     cut = time.monotonic() - t0
     assert cut <= 1.0, f"canary still served {cut:.2f}s after the abort annotation"
 
@@ -111,7 +121,12 @@ def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: st
     dep = deployment(cluster, namespace, "web")
     assert dep is not None and dep["spec"]["replicas"] == 6
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/app:v1"
-    wait_for(lambda: dep is not None and (deployment(cluster, namespace, "web") or {}).get("status", {}).get("readyReplicas") == 6, 30, "stable at full size")
+    wait_for(
+        lambda: dep is not None
+        and (deployment(cluster, namespace, "web") or {}).get("status", {}).get("readyReplicas") == 6,
+        30,
+        "stable at full size",
+    )
     assert deployment(cluster, namespace, "web-canary") is None
     pods = endpoint_pods(cluster, namespace, "web")
     assert len(pods) == 6 and not [p for p in pods if "canary" in p]
@@ -120,7 +135,9 @@ def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: st
     assert "Aborted" in [e["reason"] for e in events(cluster, namespace, "web")]
 
 
-def test_manual_pause_waits_for_promote_and_pause_holds(cluster: Cluster, namespace: str, controller: Controller) -> None:
+def test_manual_pause_waits_for_promote_and_pause_holds(
+    cluster: Cluster, namespace: str, controller: Controller
+) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "1s"}, {"replicas": 4}]
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
@@ -147,7 +164,9 @@ def test_manual_pause_waits_for_promote_and_pause_holds(cluster: Cluster, namesp
     assert "promoted" in st["history"][0]["result"]
 
 
-def test_canary_never_ready_fails_at_the_deadline_and_rolls_back(cluster: Cluster, namespace: str, controller: Controller) -> None:
+def test_canary_never_ready_fails_at_the_deadline_and_rolls_back(
+    cluster: Cluster, namespace: str, controller: Controller
+) -> None:
     deploy_app(cluster, namespace, replicas=4)
     apply_release(
         cluster, namespace,
@@ -203,10 +222,13 @@ def test_app_name_matching_two_deployments_is_marked_and_nothing_touched(
     assert deployment(cluster, namespace, "web-canary") is None
     for name in ("web", "web-2"):
         dep = deployment(cluster, namespace, name)
-        assert dep is not None and dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/app:v1"
+        assert dep is not None
+        assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/app:v1"
 
 
-def test_deleting_a_release_mid_batch_restores_the_app(cluster: Cluster, namespace: str, controller: Controller) -> None:
+def test_deleting_a_release_mid_batch_restores_the_app(
+    cluster: Cluster, namespace: str, controller: Controller
+) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
     apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",

@@ -100,7 +100,8 @@ def idle_window(
     """Two namespaces, each with one Succeeded and one Paused release: one watched by a controller without
     leader election, one by a controller with it (its Lease in that namespace). The window starts once
     both have settled."""
-    if not any(item.name == "test_quiet_when_idle" for item in request.session.items) or not isinstance(cluster, LocalCluster):
+    wanted = any(item.name == "test_quiet_when_idle" for item in request.session.items)
+    if not wanted or not isinstance(cluster, LocalCluster):
         yield None
         return
     suffix = os.urandom(3).hex()
@@ -118,9 +119,11 @@ def idle_window(
             controllers.append(c)
             deploy_apps(cluster, ns, {"done": 2, "held": 2})
             apply_release(cluster, ns, gr("done", targetRef={"name": "done"}, targetVersion="v2",
-                                          batches=[{"replicas": 1}, {"replicas": 2}], trafficRouting={"service": {"name": "done"}}))  # fmt: skip
+                                          batches=[{"replicas": 1}, {"replicas": 2}],
+                                          trafficRouting={"service": {"name": "done"}}))  # fmt: skip
             apply_release(cluster, ns, gr("held", targetRef={"name": "held"}, targetVersion="v2",
-                                          batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 2}], trafficRouting={"service": {"name": "held"}}))  # fmt: skip
+                                          batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 2}],
+                                          trafficRouting={"service": {"name": "held"}}))  # fmt: skip
             wait_for(lambda ns=ns: status(cluster, ns, "held").get("batchReadyAt"), 60, "held: batch 1 live")
             cluster.kubectl("annotate", "gr", "held", "-n", ns, "greyrelease.io/pause=true")
         for ns in namespaces.values():
@@ -192,11 +195,14 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
         phases: dict[str, str] = {}
         deadline = time.monotonic() + 420
         while pending or running:
-            assert time.monotonic() < deadline, f"releases still running after 420s: {sorted(running)}; {chaos.kills} kills"
+            assert time.monotonic() < deadline, (
+                f"releases still running after 420s: {sorted(running)}; {chaos.kills} kills"
+            )
             while pending and len(running) < IN_FLIGHT:
                 p = pending.pop(0)
                 apply_release(cluster, namespace, gr(p.name, targetRef={"name": p.name}, targetVersion="v2",
-                                                     batches=p.batches, trafficRouting={"service": {"name": p.name}}))  # fmt: skip
+                                                     batches=p.batches,
+                                                     trafficRouting={"service": {"name": p.name}}))  # fmt: skip
                 running[p.name] = (p, time.monotonic())
             items = cluster.kubectl_json("get", "gr", "-n", namespace)["items"]
             phases = {i["metadata"]["name"]: (i.get("status") or {}).get("phase", "") for i in items}
@@ -289,11 +295,16 @@ def test_api_server_restart_mid_release(
     try:
         deploy_app(cluster, namespace, replicas=4)
         batches = [
-            {"replicas": 1, "pause": "2s"}, {"replicas": 2, "pause": "2s"}, {"replicas": 3, "pause": "2s"}, {"replicas": 4},
+            {"replicas": 1, "pause": "2s"}, {"replicas": 2, "pause": "2s"},
+            {"replicas": 3, "pause": "2s"}, {"replicas": 4},
         ]
         apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
                                              batches=batches, trafficRouting=SERVICE))  # fmt: skip
-        wait_for(lambda: (s := status(cluster, namespace, "web")).get("currentBatch") == 2 and s.get("batchReadyAt"), 60, "batch 2 live")
+        wait_for(
+            lambda: (s := status(cluster, namespace, "web")).get("currentBatch") == 2 and s.get("batchReadyAt"),
+            60,
+            "batch 2 live",
+        )
         before = status(cluster, namespace, "web")
         t_stop = time.monotonic()
         local.stop_apiserver()
@@ -386,7 +397,9 @@ def test_slow_prometheus_never_passes_a_batch(
         ))  # fmt: skip
         st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=90)
         asked = prom.requests
-    print(f"Prometheus answering after {delay}s, timeout {timeout}: {st['phase']} after {asked} queries: {st['message']}")
+    print(
+        f"Prometheus answering after {delay}s, timeout {timeout}: {st['phase']} after {asked} queries: {st['message']}"
+    )
     assert st["phase"] == expected, st
     if expected == "Failed":
         assert "query errors in a row" in st["message"] and "error-rate" in st["message"], st
@@ -437,7 +450,11 @@ def test_target_deleted_mid_release_fails_and_leaves_nothing(cluster: Cluster, n
     assert deployment(cluster, namespace, "web-canary") is None
     assert cluster.kubectl_json("get", "service", "web", "-n", namespace)["spec"]["selector"] == {"app": "web"}
     assert wait_no_leftovers(cluster, namespace, 30) == []
-    wait_for(lambda: not cluster.kubectl_json("get", "replicasets,pods", "-n", namespace)["items"], 30, "no pods or ReplicaSets left")
+    wait_for(
+        lambda: not cluster.kubectl_json("get", "replicasets,pods", "-n", namespace)["items"],
+        30,
+        "no pods or ReplicaSets left",
+    )
 
 
 def test_canary_deleted_mid_release_is_recreated_and_the_release_completes(
@@ -493,7 +510,8 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
     assert anyone == [], "\n".join(map(str, anyone))
     lease_ns = audited_writes(local, namespace=leased, agents=(), since=idle_window.started, until=until)
     other = [w for w in lease_ns if w.resource != "leases"]
-    print(f"{QUIET_WINDOW:.0f}s idle, leader election: {len(lease_ns) - len(other)} Lease renewals, {len(other)} other writes")
+    renewals = len(lease_ns) - len(other)
+    print(f"{QUIET_WINDOW:.0f}s idle, leader election: {renewals} Lease renewals, {len(other)} other writes")
     assert other == [], "\n".join(map(str, other))
     assert 0.3 * QUIET_WINDOW / 2 <= len(lease_ns) <= QUIET_WINDOW / 2 + 5, len(lease_ns)
     FIGURES.update(idle_window_s=QUIET_WINDOW, idle_writes=len(anyone), idle_lease_renewals=len(lease_ns))

@@ -46,8 +46,16 @@ INGRESS = {
                 "host": "web.example",
                 "http": {
                     "paths": [
-                        {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}},
-                        {"path": "/static", "pathType": "Prefix", "backend": {"service": {"name": "static", "port": {"number": 80}}}},
+                        {
+                            "path": "/",
+                            "pathType": "Prefix",
+                            "backend": {"service": {"name": "web", "port": {"number": 80}}},
+                        },
+                        {
+                            "path": "/static",
+                            "pathType": "Prefix",
+                            "backend": {"service": {"name": "static", "port": {"number": 80}}},
+                        },
                     ]
                 },
             }
@@ -62,7 +70,10 @@ ROUTE = {
         "parentRefs": [{"name": "gw"}],
         "hostnames": ["web.example"],
         "rules": [
-            {"matches": [{"path": {"type": "PathPrefix", "value": "/static"}}], "backendRefs": [{"name": "static", "port": 80}]},
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/static"}}],
+                "backendRefs": [{"name": "static", "port": 80}],
+            },
             {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [{"name": "web", "port": 80}]},
         ],
     },
@@ -111,7 +122,8 @@ def read_weight(cluster: Cluster, namespace: str, routing: dict[str, Any]) -> in
 def header_routed(cluster: Cluster, namespace: str, routing: dict[str, Any]) -> dict[str, str]:
     """The headers that send a request to the canary whatever the weight."""
     if "nginx" in routing:
-        annotations = (get(cluster, namespace, "ingress", "web-canary") or {}).get("metadata", {}).get("annotations") or {}
+        canary = get(cluster, namespace, "ingress", "web-canary") or {}
+        annotations = canary.get("metadata", {}).get("annotations") or {}
         name = annotations.get("nginx.ingress.kubernetes.io/canary-by-header")
         return {name: annotations["nginx.ingress.kubernetes.io/canary-by-header-value"]} if name else {}
     rules = (get(cluster, namespace, "httproute", "web") or {}).get("spec", {}).get("rules") or []

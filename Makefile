@@ -54,7 +54,7 @@ e2e: deps
 	$(PY) -m pytest e2e -q
 
 # The README's test command. pytest exits 5 when it collected no test: that is a failure here too.
-test: deps
+test: deps check
 	$(PY) -m pytest tests e2e -q -p no:cacheprovider
 
 demo: deps

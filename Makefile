@@ -38,7 +38,7 @@ binaries: system-deps
 deps: venv system-deps binaries
 
 crds: venv
-	$(PY) -m greyrelease crd -o crds/greyrelease.io_greyreleases.yaml
+	$(PY) -m greyrelease crd -d crds
 
 # Types (mypy --strict on the package), lint (ruff) and layers (import-linter: the decision core imports
 # no I/O module). Configured in pyproject.toml.

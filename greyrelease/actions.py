@@ -6,6 +6,7 @@ Every action is idempotent ("make it so"): applying one twice, or after a crash,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from .api import GreyReleaseStatus
 
@@ -70,6 +71,26 @@ class RemoveAnnotations:
     keys: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class TakeSlot:
+    """This release holds a slot of the queue whose slots the Lease ``lease`` (namespace/name) keeps, of
+    which there are ``limit``. Taken with a write the API server arbitrates: when the slots are all held
+    by then, the write is refused and nothing after it in the plan is applied."""
+
+    lease: str
+    limit: int
+    scope: str
+    since: datetime  # recorded with the holder
+    stale: tuple[str, ...] = ()  # holders (uids) known to be done: dropped in the same write
+
+
+@dataclass(frozen=True)
+class FreeSlot:
+    """This release holds no slot of the queue kept by ``lease``."""
+
+    lease: str
+
+
 Action = (
     EnsureCanary
     | ScaleStable
@@ -80,6 +101,8 @@ Action = (
     | RestoreStableSelector
     | ResetRouting
     | RemoveAnnotations
+    | TakeSlot
+    | FreeSlot
 )
 
 

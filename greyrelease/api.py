@@ -13,6 +13,7 @@ import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AwareDatetime,
@@ -43,6 +44,9 @@ ABORT_ANNOTATION = ANNOTATION_PREFIX + "abort"
 PAUSE_ANNOTATION = ANNOTATION_PREFIX + "pause"
 PROMOTE_ANNOTATION = ANNOTATION_PREFIX + "promote"
 RETRY_ANNOTATION = ANNOTATION_PREFIX + "retry"
+
+#: The label that puts releases of several namespaces into one queue (see GreyReleasePolicy.concurrency).
+GROUP_LABEL = "greyrelease.io/group"
 
 #: Labels the controller puts on the canary pods (never on the stable ones: that would roll them).
 TRACK_LABEL = "greyrelease.io/track"
@@ -120,6 +124,35 @@ class TargetRef(_Camel):
     )
 
 
+class ManualPause(_Camel):
+    """``pause: {manual: true, timeout: 4h, onTimeout: abort}``: wait for an approval, at most so long."""
+
+    manual: Literal[True] = Field(description="Wait for greyrelease.io/promote=next.")
+    timeout: Duration | None = Field(
+        None, description="How long the approval is waited for, from when the batch went live. Absent: for ever."
+    )
+    on_timeout: Literal["abort", "promote"] = Field(
+        "abort", description="What happens when nobody approved in time: abort (roll back) or promote (go on)."
+    )
+
+
+_PAUSE_TEXT = Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)]
+#: A batch's pause: a duration ("30s"), "manual", or a manual pause with a timeout. In the CRD the field
+#: takes a string or an object (a structural schema cannot say which, so the controller checks it and
+#: marks a bad one InvalidSpec naming the field).
+Pause = Annotated[
+    _PAUSE_TEXT | ManualPause,
+    WithJsonSchema(
+        {
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": 'How long to hold the batch before moving on ("30s"); "manual" to wait for '
+            "greyrelease.io/promote; or {manual: true, timeout: 4h, onTimeout: abort|promote} to wait for "
+            "it at most so long. Absent: move on as soon as the batch is ready.",
+        }
+    ),
+]
+
+
 class Batch(_Camel):
     replicas: Replicas
     weight: int | None = Field(
@@ -129,13 +162,7 @@ class Batch(_Camel):
         description="Percent of traffic to the canary in this batch (router modes). "
         "Defaults to the replica share.",
     )
-    pause: Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)] | None = (
-        Field(
-            None,
-            description='How long to hold the batch before moving on ("30s"), or "manual" to wait '
-            "for greyrelease.io/promote. Absent: move on as soon as the batch is ready.",
-        )
-    )
+    pause: Pause | None = Field(None)
     header_match: dict[str, str] | None = Field(
         None,
         description="Router modes: send requests with these headers to the canary whatever the weight.",
@@ -264,6 +291,177 @@ class Analysis(_Camel):
     metrics: list[Metric] = Field(min_length=1, max_length=20, description="All must pass for a batch to move on.")
 
 
+# --- governance: when batches may start, and after what -------------------------------------------
+
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_DAY = "(" + "|".join(DAYS) + ")"
+DAY_PATTERN = f"^{_DAY}(-{_DAY})?$"
+CLOCK_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+def days_of(spec: str) -> list[int]:
+    """The weekdays (Monday = 0) a day name or range names; a range may wrap (``Fri-Mon``).
+
+    >>> days_of("Mon-Wed"), days_of("Sat-Mon")
+    ([0, 1, 2], [5, 6, 0])
+    """
+    first, _, last = spec.partition("-")
+    a, b = DAYS.index(first), DAYS.index(last or first)
+    return [(a + i) % 7 for i in range((b - a) % 7 + 1)]
+
+
+class Window(_Camel):
+    """When batches may start: on these days, from start to end, local time in timeZone. An end before the
+    start crosses midnight: the window opens on a listed day and closes on the day after."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=_camel,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.start != self.end",
+                    "end must differ from start (an end before the start crosses midnight)",
+                    ".end",
+                )
+            ]
+        },
+    )
+    days: list[Annotated[str, Field(pattern=DAY_PATTERN, max_length=7)]] = Field(
+        min_length=1, max_length=7, description='Day names or ranges: ["Mon-Fri", "Sun"].'
+    )
+    start: str = Field(pattern=CLOCK_PATTERN, max_length=5, description='Opens at (24-hour clock, "09:00").')
+    end: str = Field(pattern=CLOCK_PATTERN, max_length=5, description='Closes at ("17:00"; "02:00" crosses midnight).')
+    time_zone: str = Field(
+        "UTC", min_length=1, max_length=64, description="An IANA time zone (Europe/Berlin); the clock is local."
+    )
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {v!r} (use an IANA name such as Europe/Berlin)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Window:
+        if self.start == self.end:
+            raise ValueError("end must differ from start (an end before the start crosses midnight)")
+        return self
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.time_zone)
+
+    @property
+    def weekdays(self) -> frozenset[int]:
+        return frozenset(d for spec in self.days for d in days_of(spec))
+
+
+class Freeze(_Camel):
+    """A period in which no batch starts (a holiday, an incident)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=_camel,
+        json_schema_extra={"x-kubernetes-validations": [_cel("self.to > self.from", "to must be after from", ".to")]},
+    )
+    from_: AwareDatetime = Field(alias="from", description="Starts (RFC 3339, with a zone: 2026-12-20T00:00:00Z).")
+    to: AwareDatetime = Field(description="Ends (RFC 3339).")
+    reason: str = Field("", max_length=256, description="Shown while a release waits for it.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Freeze:
+        if self.to <= self.from_:
+            raise ValueError("to must be after from")
+        return self
+
+
+class After(_Camel):
+    name: str = Field(
+        min_length=1, max_length=253, pattern=NAME_PATTERN, description="A GreyRelease in the same namespace."
+    )
+
+
+class LabelSelector(_Camel):
+    """A Kubernetes label selector (``matchLabels`` and ``matchExpressions``)."""
+
+    match_labels: dict[str, str] | None = Field(None, description="Labels that must all be equal.")
+    match_expressions: list[LabelRequirement] | None = Field(None, description="Requirements that must all hold.")
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in (self.match_labels or {}).items()):
+            return False
+        return all(r.matches(labels) for r in self.match_expressions or ())
+
+
+class LabelRequirement(_Camel):
+    key: str = Field(min_length=1, max_length=317)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = None
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        has, value, values = self.key in labels, labels.get(self.key), self.values or []
+        match self.operator:
+            case "In":
+                return has and value in values
+            case "NotIn":
+                return not has or value not in values
+            case "Exists":
+                return has
+            case _:
+                return not has
+
+
+LabelSelector.model_rebuild()
+
+
+class Concurrency(_Camel):
+    max_progressing: int = Field(ge=1, le=10000, description="At most this many releases progress at once.")
+    per: Literal["Namespace", "Group"] = Field(
+        "Namespace",
+        description="Namespace: a queue per namespace. Group: one queue across the cluster per value of the "
+        "release's greyrelease.io/group label (releases without the label are not limited by this policy).",
+    )
+
+
+class GreyReleasePolicySpec(_Camel):
+    namespaces: list[Annotated[str, Field(max_length=63, pattern=NAME_PATTERN)]] | None = Field(
+        None, max_length=1000, description="The namespaces whose releases it governs. Absent: every namespace."
+    )
+    selector: LabelSelector | None = Field(None, description="Only releases with these labels. Absent: all.")
+    windows: list[Window] | None = Field(
+        None, max_length=50, description="Batches start only within one of these windows."
+    )
+    freezes: list[Freeze] | None = Field(None, max_length=200, description="No batch starts within any of these.")
+    concurrency: Concurrency | None = Field(None, description="A limit on releases progressing at once.")
+
+    def governs(self, namespace: str, labels: dict[str, str]) -> bool:
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return False
+        return self.selector is None or self.selector.matches(labels)
+
+
+POLICY_KIND = "GreyReleasePolicy"
+POLICY_PLURAL = "greyreleasepolicies"
+POLICY_SINGULAR = "greyreleasepolicy"
+POLICY_SHORT_NAMES = ["grp"]
+
+
+class GreyReleasePolicy(_Camel):
+    """A platform team's rules for the releases it picks (cluster-scoped: owned apart from the apps)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: GreyReleasePolicySpec = Field(default_factory=GreyReleasePolicySpec)
+
+
 class GreyReleaseSpec(_Camel):
     model_config = ConfigDict(
         extra="forbid",
@@ -331,9 +529,7 @@ class GreyReleaseSpec(_Camel):
     canary_weight: int | None = Field(
         None, ge=0, le=100, description="Shorthand: traffic percent added per batch."
     )
-    pause: Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)] | None = (
-        Field(None, description="Shorthand: the pause of every batch but the last.")
-    )
+    pause: Pause | None = Field(None, description="Shorthand: the pause of every batch but the last.")
     traffic_routing: TrafficRouting | None = Field(
         None,
         description="How traffic reaches the canary. Absent: only replicas move, and an abort "
@@ -344,6 +540,17 @@ class GreyReleaseSpec(_Camel):
         600, ge=1, le=86400, description="A batch whose canary is not ready by then fails the release."
     )
     paused: bool = Field(False, description="Hold at the current batch (like the greyrelease.io/pause annotation).")
+    windows: list[Window] | None = Field(
+        None, max_length=50, description="Batches start only within one of these windows (and those of policies)."
+    )
+    freezes: list[Freeze] | None = Field(
+        None, max_length=200, description="No batch starts within any of these (nor within a policy's)."
+    )
+    after: list[After] | None = Field(
+        None,
+        max_length=50,
+        description="Start only once these GreyReleases (same namespace) have Succeeded for their current spec.",
+    )
 
     @model_validator(mode="after")
     def _forms(self) -> GreyReleaseSpec:
@@ -364,6 +571,10 @@ class Phase(StrEnum):
     """Where a release is. The values are what the status stores (``kubectl get gr`` shows them)."""
 
     INITIALIZING = "Initializing"
+    #: Holds before a batch starts: for a release window, the end of a freeze, or a predecessor.
+    WAITING = "Waiting"
+    #: Holds before batch 1 for a slot under a concurrency limit.
+    QUEUED = "Queued"
     PROGRESSING = "Progressing"
     PAUSED = "Paused"
     PROMOTING = "Promoting"
@@ -377,8 +588,9 @@ class Phase(StrEnum):
 TERMINAL_PHASES: frozenset[str] = frozenset({Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC})
 #: What the message of a batch waiting for ``greyrelease.io/promote`` says.
 WAITING_TEXT = "waiting for approval"
-#: The phases in which a batch is under way, and so has a :class:`BatchState`.
-BATCH_PHASES: frozenset[Phase] = frozenset({Phase.PROGRESSING, Phase.PAUSED})
+#: The phases in which a batch is under way, and so has a :class:`BatchState` (Waiting has one only
+#: between batches: before batch 1 it has none).
+BATCH_PHASES: frozenset[Phase] = frozenset({Phase.PROGRESSING, Phase.PAUSED, Phase.WAITING})
 
 
 class BatchState(StrEnum):
@@ -390,6 +602,18 @@ class BatchState(StrEnum):
     VERIFYING = "Verifying"
     #: As Verifying, with ``pause: manual``: the batch waits for ``greyrelease.io/promote``.
     WAITING_FOR_APPROVAL = "WaitingForApproval"
+    #: The batch passed (its pause, its gate, its approval); the next one waits to start (a release
+    #: window, a freeze). The canary keeps the batch's size and traffic meanwhile.
+    DONE = "Done"
+
+
+#: The batch states each phase can have (None: no batch under way). Waiting has one only between batches.
+STATES_OF: dict[Phase | None, tuple[BatchState | None, ...]] = {
+    **{phase: (None,) for phase in [None, *Phase]},
+    Phase.PROGRESSING: tuple(BatchState),
+    Phase.PAUSED: tuple(BatchState),
+    Phase.WAITING: (None, BatchState.DONE),
+}
 
 
 class CheckVerdict(StrEnum):
@@ -518,6 +742,10 @@ class GreyReleaseStatus(_Camel):
         None, description="When the current batch went live (canary ready, weight set)."
     )
     next_check_at: Timestamp | None = Field(None, description="When the current batch's timed pause ends.")
+    approval_expires_at: Timestamp | None = Field(
+        None, description="While waiting for approval with a timeout: when the approval expires."
+    )
+    queue_position: int | None = Field(None, description="While Queued: 1 for the next release to start.")
     last_promotion: str = Field("", description="The last greyrelease.io/promote consumed, with its batch and time.")
     conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
     metrics: list[MetricStatus] = Field(
@@ -534,7 +762,7 @@ class GreyReleaseStatus(_Camel):
         had ``batchReadyAt``, and one waiting for approval said so in its message."""
         if not isinstance(data, dict) or "batchState" in data or "batch_state" in data:
             return data
-        if data.get("phase") not in BATCH_PHASES:
+        if data.get("phase") not in (Phase.PROGRESSING, Phase.PAUSED):  # the batch phases it knew
             return data
         if not data.get("batchReadyAt", data.get("batch_ready_at")):
             state = BatchState.UPSCALING

@@ -18,10 +18,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
-from .api import GreyReleaseSpec, parse_duration
+from .api import GreyReleaseSpec, ManualPause, parse_duration
 
 MANUAL = "manual"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """How long a manual pause waits for its approval, and what happens then."""
+
+    timeout: float  # seconds from when the batch went live
+    on_timeout: Literal["abort", "promote"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +43,15 @@ class Step:
     weight: int
     pause: float | str | None  # seconds, MANUAL, or None (no pause)
     header_match: dict[str, str] | None = None
+    approval: Approval | None = None  # with MANUAL: its timeout
 
     @property
     def pause_label(self) -> str:
         if self.pause is None:
             return "-"
         if self.pause == MANUAL:
+            if self.approval is not None:
+                return f"{MANUAL} ({self.approval.timeout:g}s, then {self.approval.on_timeout})"
             return MANUAL
         return f"{self.pause:g}s"
 
@@ -52,13 +64,19 @@ class PlanError(ValueError):
         self.field = field
 
 
-def _pause(value: str | None) -> float | str | None:
+def _pause(value: str | ManualPause | None) -> float | str | None:
     if value is None:
         return None
-    if value == MANUAL:
+    if isinstance(value, ManualPause) or value == MANUAL:
         return MANUAL
     seconds = parse_duration(value)
     return seconds or None
+
+
+def _approval(value: str | ManualPause | None) -> Approval | None:
+    if isinstance(value, ManualPause) and value.timeout is not None:
+        return Approval(parse_duration(value.timeout), value.on_timeout)
+    return None
 
 
 def _resolve_replicas(value: int | str, total: int) -> int:
@@ -82,10 +100,10 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
     if total < 1:
         raise PlanError("spec.targetRef", "the Deployment has 0 replicas; scale it up to release it")
     weighted = spec.traffic_routing is not None and spec.traffic_routing.service is None
-    rows: list[tuple[int, int | None, float | str | None, dict[str, str] | None]] = []
+    rows: list[tuple[int, int | None, str | ManualPause | None, dict[str, str] | None]] = []
     if spec.batches is not None:
         for b in spec.batches:
-            rows.append((_resolve_replicas(b.replicas, total), b.weight, _pause(b.pause), b.header_match))
+            rows.append((_resolve_replicas(b.replicas, total), b.weight, b.pause, b.header_match))
     else:
         assert spec.batch_size is not None and spec.canary_weight is not None
         count = math.ceil(total / spec.batch_size)
@@ -93,7 +111,7 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
             count = max(count, math.ceil(100 / spec.canary_weight))
         for k in range(1, count + 1):
             rows.append(
-                (min(k * spec.batch_size, total), min(k * spec.canary_weight, 100), _pause(spec.pause), None)
+                (min(k * spec.batch_size, total), min(k * spec.canary_weight, 100), spec.pause, None)
             )
         # The shorthand's pause holds every batch but the last: after the last comes promotion.
         last = rows[-1]
@@ -113,7 +131,7 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
         if steps and weight < steps[-1].weight:
             raise PlanError(f"spec.batches[{i - 1}].weight", "weights must never decrease")
         stable = total if weighted else total - canary
-        steps.append(Step(i, canary, stable, weight, pause, headers))
+        steps.append(Step(i, canary, stable, weight, _pause(pause), headers, _approval(pause)))
     return steps
 
 

@@ -35,7 +35,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from tenacity.wait import wait_base
 
 from .api import Obj
-from .kube import MERGE, ApiError, Kube, Location, NotFound, parse
+from .kube import MERGE, ApiError, Kube, Location, NotFound, parse, selects
 
 Key = tuple[str, str]
 log = logging.getLogger("greyrelease")
@@ -83,6 +83,12 @@ class Store:
     def __len__(self) -> int:
         with self._lock:
             return len(self._objects)
+
+    def values(self, namespace: str | None = None) -> list[Obj]:
+        """Copies of the bodies held (of one namespace, when given), in key order."""
+        with self._lock:
+            found = [o for k, o in sorted(self._objects.items()) if namespace is None or k[0] == namespace]
+        return [copy.deepcopy(o) for o in found]
 
     def fold(self, obj: Obj) -> bool:
         """Keep ``obj`` (an event's object or a write's response) unless a newer body or deletion is known.
@@ -266,13 +272,19 @@ class CachedKube:
     def __init__(self, inner: Kube) -> None:
         self.inner = inner
         self._stores: dict[tuple[str, str], tuple[Store, Callable[[], bool] | None]] = {}
+        self._lists: set[tuple[str, str]] = set()
         self.hits = 0
         self.misses = 0
 
-    def cache(self, api: str, plural: str, store: Store, *, ready: Callable[[], bool] | None = None) -> None:
+    def cache(
+        self, api: str, plural: str, store: Store, *, ready: Callable[[], bool] | None = None, lists: bool = False
+    ) -> None:
         """Serve ``api``/``plural`` (e.g. ``/apis/apps/v1``, ``deployments``) from ``store``; with
-        ``ready``, only while it says so (e.g. once the first list is in)."""
+        ``ready``, only while it says so (e.g. once the first list is in). With ``lists``, LISTs too (for
+        collections whose store holds every object once ready: one fed by a list and a watch)."""
         self._stores[(api, plural)] = (store, ready)
+        if lists:
+            self._lists.add((api, plural))
 
     def _store_for(self, p: str) -> tuple[Store, Location] | None:
         loc = parse(p)
@@ -297,6 +309,13 @@ class CachedKube:
         return obj
 
     def list(self, path: str, *, label_selector: str | None = None) -> list[Obj]:
+        loc = parse(path)
+        if loc is not None and not loc.name and loc.collection in self._lists:
+            store, ready = self._stores[loc.collection]
+            if ready is None or ready():
+                self.hits += 1
+                found = store.values(loc.namespace or None)
+                return [o for o in found if selects(label_selector, (o.get("metadata") or {}).get("labels") or {})]
         return self.inner.list(path, label_selector=label_selector)
 
     def create(self, path: str, body: Obj) -> Obj:

@@ -92,6 +92,13 @@ def _replicas_from_cluster(doc: dict[str, Any]) -> int | None:
     return None
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     doc = load_release(args.file)
     replicas = args.replicas if args.replicas is not None else _replicas_from_cluster(doc)
@@ -102,13 +109,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from .crd import render
+    from .crd import FILES, render
 
-    text = render()
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
+    if args.output_dir:
+        for name in FILES:
+            (Path(args.output_dir) / name).write_text(render(name))
+        return 0
+    sys.stdout.write("---\n".join(render(name) for name in FILES))
     return 0
 
 
@@ -141,18 +148,20 @@ async def _run(args: argparse.Namespace) -> int:
     from .health import serve as serve_health
     from .kubeclient import KubeClient
     from .leader import Lease, keep, lead
+    from .policies import Governing
 
     namespaces = args.namespace or []
     state = {"role": "starting"}
     health = await serve_health(args.health_port, state=state) if args.health_port else None
     lease = None
     lost = asyncio.Event()
+    lease_ns = (
+        args.leader_election_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
+    )
+    governing = Governing(max_progressing=args.max_progressing, slots_namespace=lease_ns)
     if args.leader_elect:
-        lease_ns = (
-            args.leader_election_namespace
-            or os.environ.get("POD_NAMESPACE")
-            or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
-        )
         lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
         state["role"] = "standby"
         await lead(lease)
@@ -164,7 +173,7 @@ async def _run(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=True,
             stop_flag=lost,
-            memo=kopf.Memo(namespaces=namespaces),
+            memo=kopf.Memo(namespaces=namespaces, governing=governing),
         )
     finally:
         if lease is not None:
@@ -192,10 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     run.add_argument(
         "--leader-election-namespace",
-        help="namespace of the Lease (default: $POD_NAMESPACE, else the one watched namespace, "
-        "else greyrelease-system)",
+        help="namespace of the Lease, and of the slots of queues across namespaces (default: $POD_NAMESPACE, "
+        "else the one watched namespace, else greyrelease-system)",
     )
     run.add_argument("--lease-seconds", type=int, default=10, help="lease duration (failover bound)")
+    run.add_argument(
+        "--max-progressing", type=_positive, metavar="K",
+        help="at most K releases progress at once in every namespace (a GreyReleasePolicy may set its own); "
+        "the others are Queued in order of creation",
+    )  # fmt: skip
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)
 
@@ -204,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--replicas", type=int, help="replicas of the target Deployment")
     plan.set_defaults(func=cmd_plan)
 
-    crd = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the models")
-    crd.add_argument("-o", "--output", help="write to this file")
+    crd = sub.add_parser("crd", help="print the CustomResourceDefinitions generated from the models")
+    crd.add_argument("-d", "--output-dir", help="write one file per CRD into this directory")
     crd.set_defaults(func=cmd_crd)
 
     args = parser.parse_args(argv)

@@ -13,7 +13,21 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from .api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, GreyReleaseSpec, GreyReleaseStatus
+from .api import (
+    GROUP,
+    KIND,
+    PLURAL,
+    POLICY_KIND,
+    POLICY_PLURAL,
+    POLICY_SHORT_NAMES,
+    POLICY_SINGULAR,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    GreyReleasePolicySpec,
+    GreyReleaseSpec,
+    GreyReleaseStatus,
+)
 
 Schema = dict[str, Any]
 _DROP = {"title", "additionalProperties", "$defs"}
@@ -82,61 +96,88 @@ def schema_of(model: type[BaseModel], *, in_status: bool = False) -> Schema:
     return schema
 
 
+def _definition(
+    *, kind: str, plural: str, singular: str, short: list[str], scope: str, description: str,
+    spec: Schema, status: Schema | None, columns: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
+    properties: Schema = {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        "spec": spec,
+    }
+    version: dict[str, Any] = {"name": VERSION, "served": True, "storage": True}
+    if status is not None:
+        properties["status"] = status
+        version["subresources"] = {"status": {}}
+    version["additionalPrinterColumns"] = columns
+    root = {"type": "object", "description": description, "required": ["spec"], "properties": properties}
+    version["schema"] = {"openAPIV3Schema": root}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": scope,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": short,
+            },
+            "versions": [version],
+        },
+    }
+
+
 def crd() -> dict[str, Any]:
     spec_schema = schema_of(GreyReleaseSpec)
     spec_schema["description"] = "What to release and how."
     status_schema = schema_of(GreyReleaseStatus, in_status=True)
     status_schema["description"] = "Where the release is; written by the controller only."
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": SHORT_NAMES,
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Batch", "type": "string", "jsonPath": ".status.batch"},
-                        {"name": "Weight", "type": "integer", "jsonPath": ".status.canaryWeight"},
-                        {"name": "Target", "type": "string", "jsonPath": ".spec.targetVersion"},
-                        {"name": "Stable", "type": "string", "jsonPath": ".status.stableVersion"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "A progressive release of a new version of a Deployment, in batches.",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": status_schema,
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _definition(
+        kind=KIND, plural=PLURAL, singular=SINGULAR, short=SHORT_NAMES, scope="Namespaced",
+        description="A progressive release of a new version of a Deployment, in batches.",
+        spec=spec_schema, status=status_schema,
+        columns=[
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Batch", "type": "string", "jsonPath": ".status.batch"},
+            {"name": "Weight", "type": "integer", "jsonPath": ".status.canaryWeight"},
+            {"name": "Target", "type": "string", "jsonPath": ".spec.targetVersion"},
+            {"name": "Stable", "type": "string", "jsonPath": ".status.stableVersion"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+        ],
+    )  # fmt: skip
 
 
-def render() -> str:
+def policy_crd() -> dict[str, Any]:
+    spec_schema = schema_of(GreyReleasePolicySpec)
+    spec_schema["description"] = "Which releases it governs, and the rules they follow."
+    return _definition(
+        kind=POLICY_KIND, plural=POLICY_PLURAL, singular=POLICY_SINGULAR, short=POLICY_SHORT_NAMES,
+        scope="Cluster",
+        description="Release windows, freezes and a concurrency limit for the GreyReleases it selects.",
+        spec=spec_schema, status=None,
+        columns=[
+            {"name": "Namespaces", "type": "string", "jsonPath": ".spec.namespaces"},
+            {"name": "Max", "type": "integer", "jsonPath": ".spec.concurrency.maxProgressing"},
+            {"name": "Per", "type": "string", "jsonPath": ".spec.concurrency.per"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    )  # fmt: skip
+
+
+#: The files of ``crds/``, each generated from the models.
+FILES = {
+    f"{GROUP}_{PLURAL}.yaml": crd,
+    f"{GROUP}_{POLICY_PLURAL}.yaml": policy_crd,
+}
+
+
+def render(which: str = f"{GROUP}_{PLURAL}.yaml") -> str:
     return "# Generated from greyrelease/api.py by `greyrelease crd`. Do not edit.\n" + yaml.safe_dump(
-        crd(), sort_keys=False, width=120
+        FILES[which](), sort_keys=False, width=120
     )

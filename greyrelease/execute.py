@@ -6,6 +6,7 @@ from .actions import (
     Action,
     DeleteCanary,
     EnsureCanary,
+    FreeSlot,
     PrepareRouting,
     RemoveAnnotations,
     ResetRouting,
@@ -13,10 +14,12 @@ from .actions import (
     ScaleStable,
     SetStableImage,
     SetWeight,
+    TakeSlot,
 )
 from .kube import Kube
 from .observe import Scene
 from .record import remove_annotations
+from .slots import free, take
 
 
 def execute(kube: Kube, actions: tuple[Action, ...], scene: Scene) -> None:
@@ -45,5 +48,9 @@ def apply(kube: Kube, action: Action, scene: Scene) -> None:
             router.reset()
         case RemoveAnnotations(keys=keys):
             remove_annotations(kube, scene.release, keys)
+        case TakeSlot(lease=lease, limit=limit, since=since, stale=stale):
+            take(kube, lease, limit=limit, release=scene.release, stale=stale, since=since)
+        case FreeSlot(lease=lease):
+            free(kube, lease, uid=scene.release["metadata"]["uid"])
         case _:
             raise TypeError(f"unknown action {action!r}")

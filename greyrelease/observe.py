@@ -10,6 +10,7 @@ from .api import ANNOTATION_PREFIX, TRACK_LABEL, GreyReleaseSpec, GreyReleaseSta
 from .deployments import Deployments, deployments_path
 from .kube import Kube, path
 from .planner import Observed
+from .policies import Governing, observe_governance
 from .routers import Router, router_for
 from .workload import canary_name, current_template_hash, workload_of
 
@@ -60,7 +61,9 @@ def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-def observe(kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus) -> Scene:
+def observe(
+    kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus, governing: Governing | None = None
+) -> Scene:
     """Read the release's Deployments (and, once, the stable ReplicaSet's hash) and ask the router
     whether it can work with what it finds, before the release has started only."""
     meta = release["metadata"]
@@ -76,15 +79,21 @@ def observe(kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyRelease
     router = router_for(kube, namespace=namespace, release=release, spec=spec, status=recorded)
     routing_error = router.problem() if status.phase in (None, Phase.INITIALIZING, Phase.INVALID_SPEC) else ""
     deletion = _time(meta.get("deletionTimestamp"))
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    governance = observe_governance(kube, release, spec, status, annotations, governing or Governing())
     observed = Observed(
         candidates=tuple(workload_of(d, spec.container, template_hash if d is target else "") for d in targets),
         canary=workload_of(canary, spec.container) if canary is not None else None,
-        annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)},
+        annotations=annotations,
         generation=int(meta.get("generation", 1)),
         uid=meta.get("uid", ""),
         deleting=deletion is not None,
         deletion_started=deletion,
         routing_error=routing_error,
+        rules=governance.rules,
+        queue=governance.queue,
+        predecessors=governance.predecessors,
+        cycle=governance.cycle,
     )
     deployments = Deployments(kube, release=release, container=spec.container, target=target, canary=canary)
     return Scene(release, spec, observed, deployments, router, recorded)

@@ -33,6 +33,7 @@ import kopf
 
 from .api import GROUP, PLURAL, VERSION, Obj
 from .kubeclient import KubeClient
+from .policies import Governing
 from .runtime import Runtime, Tuning
 
 log = logging.getLogger("greyrelease")
@@ -81,7 +82,10 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         # Connections kept for every pass thread, and for the Deployment and Service watches (two per
         # watched namespace) besides; only those opened cost anything.
         api = KubeClient.from_environment(connections=tuning.threads + 64)
-        memo["runtime"] = rt = Runtime(api, tuning=tuning)
+        governing = memo.get("governing")
+        memo["runtime"] = rt = Runtime(
+            api, tuning=tuning, governing=governing if isinstance(governing, Governing) else None
+        )
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
         await rt.watch(api, list(memo.get("namespaces") or []))
 

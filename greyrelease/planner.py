@@ -53,6 +53,7 @@ from .actions import (
     DeleteCanary,
     EnsureCanary,
     Event,
+    FreeSlot,
     Plan,
     PrepareRouting,
     RemoveAnnotations,
@@ -61,6 +62,7 @@ from .actions import (
     ScaleStable,
     SetStableImage,
     SetWeight,
+    TakeSlot,
 )
 from .analysis import Check, Verdict, fold, next_check_at
 from .analysis import interval as analysis_interval
@@ -84,7 +86,8 @@ from .api import (
     Restore,
     fmt_time,
 )
-from .batches import MANUAL, PlanError, Step, expand
+from .batches import MANUAL, Approval, PlanError, Step, expand
+from .governance import SPEC, Hold, Predecessor, Queue, Rules, Source
 from .images import target_image, version_of
 
 #: How long to wait for a change before looking again while something converges. Deployment watch
@@ -159,6 +162,10 @@ class Observed:
     deletion_started: datetime | None = None
     routing_error: str = ""  # the router cannot work with what it found (e.g. a Service is missing)
     checks: tuple[Check, ...] = ()  # metric samples taken in this pass (only when a check was due)
+    rules: Rules = field(default_factory=Rules)  # the windows and freezes of the policies that govern the release
+    queue: Queue | None = None  # the concurrency limit it is under, if any
+    predecessors: tuple[Predecessor, ...] = ()  # the releases of spec.after, as found
+    cycle: tuple[str, ...] = ()  # a cycle of spec.after through this release (a, b, a), if any
 
     @property
     def target(self) -> Workload | None:
@@ -210,7 +217,9 @@ def aborting(annotations: Mapping[str, str], phase: str | None) -> bool:
     return phase in _ABORTABLE and _truthy(annotations.get(ABORT_ANNOTATION))
 
 
-_ABORTABLE = frozenset({Phase.INITIALIZING, Phase.PROGRESSING, Phase.PAUSED, Phase.PROMOTING})
+_ABORTABLE = frozenset(
+    {Phase.INITIALIZING, Phase.WAITING, Phase.QUEUED, Phase.PROGRESSING, Phase.PAUSED, Phase.PROMOTING}
+)
 
 
 def _weighted(spec: GreyReleaseSpec) -> bool:
@@ -290,6 +299,8 @@ class _Pass:
             changes["phase_started_at"] = self.now
         if phase not in BATCH_PHASES:
             changes["batch_state"] = None
+        if phase != Phase.QUEUED:
+            changes["queue_position"] = None
         self.set(**changes)
 
     def deadline(self, since: datetime | None) -> datetime:
@@ -308,12 +319,11 @@ class _Pass:
 
     def build(self, generation: int) -> Plan:
         st = self.status
-        status = st.model_copy(
-            update={
-                "observed_generation": generation,
-                "batch": f"{st.current_batch}/{st.total_batches}" if st.total_batches else "",
-            }
-        )
+        if st.phase == Phase.QUEUED:
+            batch = f"queued #{st.queue_position}"
+        else:
+            batch = f"{st.current_batch}/{st.total_batches}" if st.total_batches else ""
+        status = st.model_copy(update={"observed_generation": generation, "batch": batch})
         status = status.model_copy(update={"conditions": _conditions(status, self.now)})
         return Plan(
             status=status,
@@ -332,12 +342,30 @@ def decide(spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed,
     p = _Pass(spec, status, observed, now)
     if observed.deleting:
         _delete(p)
-        return p.build(observed.generation)
-    first = _request(p)
-    if first is not None and first(p) is WAIT:
-        return p.build(observed.generation)
-    _run(p)
+    else:
+        first = _request(p)
+        if first is None or first(p) is GO_ON:
+            _run(p)
+    queue = observed.queue
+    if queue is not None and queue.held and (p.done or not progressing(p.status)):
+        # A release that ends (or is deleted, or goes back to waiting) gives its slot back at once.
+        p.act(FreeSlot(queue.lease))
     return p.build(observed.generation)
+
+
+def started(status: GreyReleaseStatus) -> bool:
+    """Whether the release has changed anything on the cluster (its undo record is kept from then on)."""
+    return status.restore.replicas is not None
+
+
+def progressing(status: GreyReleaseStatus) -> bool:
+    """Whether the release counts against a concurrency limit: from the pass that takes its slot until it
+    ends. A release waiting to start (for a window, a predecessor or a slot) does not count; one paused,
+    waiting for an approval or for the window of its next batch does (it holds its slot)."""
+    phase = status.phase
+    if phase is None or phase in TERMINAL_PHASES or phase == Phase.QUEUED:
+        return False
+    return not (phase == Phase.WAITING and status.batch_state is None and not started(status))
 
 
 def _run(p: _Pass) -> None:
@@ -367,10 +395,11 @@ def _request(p: _Pass) -> Handler | None:
         new_version or (phase != Phase.SUCCEEDED and RETRY_ANNOTATION in ann)
     ):
         return _start_over
+    if phase in (None, Phase.WAITING, Phase.QUEUED) and not started(st) and p.world.canary is None:
+        # Nothing changed yet: an abort ends it as it is; a new version is just what it will start with.
+        return _abort_before_start if _truthy(ann.get(ABORT_ANNOTATION)) else None
     if new_version and phase in _ABORTABLE:
         return _restart
-    if phase is None and _truthy(ann.get(ABORT_ANNOTATION)):
-        return _abort_before_start
     if aborting(ann, phase):
         return _abort
     return None
@@ -395,6 +424,7 @@ def _start_over(p: _Pass) -> Then:
         batch_started_at=None,
         batch_ready_at=None,
         next_check_at=None,
+        approval_expires_at=None,
         last_promotion="",
         end_phase=None,
     )
@@ -494,6 +524,8 @@ def _start(p: _Pass) -> Then:
         p.phase(Phase.SUCCEEDED, f"{target.name} already runs {image}")
         p.event(R.ALREADY_AT_TARGET, f"{target.name} already runs {image}; nothing to release")
         return WAIT
+    if _wait_to_start(p) is WAIT:
+        return WAIT
     if not target.template_hash:
         # The Deployment controller has not labelled a ReplicaSet yet; look again shortly.
         p.set(target_version=spec.target_version, target_name=target.name)
@@ -514,6 +546,7 @@ def _start(p: _Pass) -> Then:
         batch_started_at=p.now,
         batch_ready_at=None,
         next_check_at=None,
+        approval_expires_at=None,
         metrics=[],
         batch_state=BatchState.UPSCALING,
     )
@@ -527,6 +560,107 @@ def _start(p: _Pass) -> Then:
     # stable backend never sends traffic to a canary that copied its labels.
     p.act(PrepareRouting())
     return GO_ON
+
+
+# --- governance: what a release waits for before a batch starts ------------------------------------
+
+
+def _rules(p: _Pass) -> Rules:
+    """The release's own windows and freezes, and those of the policies that govern it."""
+    spec = p.spec
+    return p.world.rules.plus(Source(SPEC, tuple(spec.windows or ()), tuple(spec.freezes or ())))
+
+
+def _wait_to_start(p: _Pass) -> Then:
+    """Before batch 1: the releases of ``spec.after`` done, a release window open, a slot of the queue
+    taken (in this order: a slot is taken only by a release that can use it). GO_ON when all are there."""
+    world = p.world
+    if world.cycle:
+        return _invalid(p, "spec.after: a cycle of releases waiting for each other: " + " -> ".join(world.cycle))
+    for pred in world.predecessors:
+        if pred.succeeded:
+            continue
+        if not pred.found:
+            why = f"waiting for GreyRelease {pred.name!r} to succeed (it does not exist)"
+        elif pred.failed:
+            why = f"waiting for GreyRelease {pred.name!r}, which ended {pred.phase}: retry or fix it first"
+        else:
+            why = f"waiting for GreyRelease {pred.name!r} to succeed (now {pred.phase or 'not started'})"
+        return _waiting(p, why, None)
+    hold = _rules(p).hold(p.now)
+    if hold is not None:
+        return _waiting(p, hold.message, hold.until)
+    queue = world.queue
+    if queue is None or queue.held:
+        return GO_ON
+    if queue.may_take():
+        p.act(TakeSlot(queue.lease, queue.limit, queue.scope, p.now, queue.stale))
+        return GO_ON
+    position = queue.ahead + 1
+    message = f"position {position} in the queue of {queue.scope} (at most {queue.limit} progressing)"
+    if p.status.phase != Phase.QUEUED:
+        p.event(R.QUEUED, message)
+    p.set(target_version=p.spec.target_version, queue_position=position, batch_state=None)
+    p.phase(Phase.QUEUED, message)
+    # Woken when a slot frees; the poll is only the safety net.
+    p.again(INVALID_POLL)
+    return WAIT
+
+
+def _waiting(p: _Pass, message: str, until: datetime | None) -> Then:
+    """Waiting before batch 1 (or before a new version's batch 1): no write while nothing changes."""
+    if p.status.phase != Phase.WAITING or p.status.message != message:
+        p.event(R.WAITING, message)
+    p.set(target_version=p.spec.target_version, batch_state=None)
+    p.phase(Phase.WAITING, message)
+    if until is not None:
+        p.at(until)
+    else:
+        p.again(INVALID_POLL)  # a predecessor's change wakes it sooner; windows that never meet: a spec edit
+    return WAIT
+
+
+def _hold_between(p: _Pass, b: _Batch, hold: Hold) -> Then:
+    """The batch passed; the next one waits for a release window (or a freeze's end). The canary keeps
+    this batch's pods and traffic meanwhile."""
+    k, n = b.step.number, len(b.steps)
+    message = f"{b.label} passed; batch {k + 1}/{n} is {hold.message}"
+    if p.status.phase != Phase.WAITING or p.status.message != message:
+        p.event(R.WAITING, message)
+    p.set(batch_state=BatchState.DONE, next_check_at=None, approval_expires_at=None)
+    p.phase(Phase.WAITING, message)
+    if hold.until is not None:
+        p.at(hold.until)
+    else:
+        p.again(INVALID_POLL)
+    return WAIT
+
+
+def _between(p: _Pass) -> Then:
+    """Done (Waiting, or Progressing after a pause): the batch passed; start the next one once a window
+    is open. ``promote=full`` is never held; ``promote=next`` is the approval the batch already had."""
+    b = _batch(p)
+    if not isinstance(b, _Batch):
+        return b
+    if _paused(p.spec, p.world):
+        return _pause(p, b)
+    _count(p, b)
+    canary = p.world.canary
+    if canary is None or canary.deleting:
+        return _canary_lost(p, b)
+    promote = p.world.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
+    if PROMOTE_ANNOTATION in p.world.annotations:
+        p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
+        if promote == "full":
+            p.set(last_promotion=f"full at {b.label} {fmt_time(p.now)}")
+            p.event(R.PROMOTED, f"promote=full at {b.label}")
+            return _start_promotion(p, len(b.steps))
+        p.event(R.WAITING, f"ignored greyrelease.io/promote={promote!r}: {b.label} passed already; the next "
+                "batch waits for its release window (promote=full goes on at once)", warning=True)  # fmt: skip
+    hold = _rules(p).hold(p.now)
+    if hold is not None:
+        return _hold_between(p, b, hold)
+    return _advance(p, b)
 
 
 # --- a batch ----------------------------------------------------------------------------------------
@@ -648,17 +782,21 @@ def _go_live(p: _Pass, b: _Batch) -> Then:
     pause = float(step.pause) if isinstance(step.pause, (int, float)) else None
     next_check = p.now + timedelta(seconds=pause) if pause is not None else None
     manual = step.pause == MANUAL
+    expires = p.now + timedelta(seconds=step.approval.timeout) if manual and step.approval else None
     p.set(
         batch_state=BatchState.WAITING_FOR_APPROVAL if manual else BatchState.VERIFYING,
         batch_ready_at=p.now,
         next_check_at=next_check,
+        approval_expires_at=expires,
         canary_weight=step.weight,
         canary_replicas=step.canary_replicas,
         stable_replicas=step.stable_replicas,
     )
     p.history(step.number, canary_replicas=step.canary_replicas, weight=step.weight, ready_at=p.now)
     p.event(R.BATCH_READY, f"{b.label}: {step.canary_replicas} canary pods ready, weight {step.weight}%")
-    p.set(message=_hold_message(b, next_check))
+    p.set(message=_hold_message(b, next_check, expires))
+    if expires is not None:
+        p.at(expires)
     if p.spec.analysis is not None:
         # The first check is due one interval after the batch went live, also within a long or manual pause:
         # waking only at the pause's end would let a bad canary serve, unjudged, for the whole pause.
@@ -675,10 +813,13 @@ def _go_live(p: _Pass, b: _Batch) -> Then:
     return WAIT
 
 
-def _hold_message(b: _Batch, next_check: datetime | None) -> str:
+def _hold_message(b: _Batch, next_check: datetime | None, expires: datetime | None = None) -> str:
     step = b.step
     if step.pause == MANUAL:
-        return f"{b.label}: weight {step.weight}%, {WAITING_TEXT} (annotate greyrelease.io/promote=next)"
+        until = ""
+        if expires is not None and step.approval is not None:
+            until = f" until {fmt_time(expires)}, then {step.approval.on_timeout}"
+        return f"{b.label}: weight {step.weight}%, {WAITING_TEXT}{until} (annotate greyrelease.io/promote=next)"
     if next_check:
         return f"{b.label}: weight {step.weight}%, pausing until {fmt_time(next_check)}"
     return f"{b.label}: weight {step.weight}%"
@@ -718,7 +859,18 @@ def _verify(p: _Pass) -> Then:
         p.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={promote!r}: use next or full", warning=True)
 
     if step.pause == MANUAL:
-        p.set(batch_state=BatchState.WAITING_FOR_APPROVAL, message=_hold_message(b, None))
+        expires = None
+        if step.approval is not None:
+            # Recorded when the batch went live; a timeout added to the spec meanwhile counts from then too.
+            expires = st.approval_expires_at or (st.batch_ready_at or p.now) + timedelta(seconds=step.approval.timeout)
+            if p.now >= expires:
+                return _approval_expired(p, b, step.approval)
+            p.at(expires)
+        p.set(
+            batch_state=BatchState.WAITING_FOR_APPROVAL,
+            approval_expires_at=expires,
+            message=_hold_message(b, None, expires),
+        )
         return WAIT
     if st.next_check_at is not None and p.now < st.next_check_at:
         p.at(st.next_check_at)
@@ -738,6 +890,15 @@ def _verify(p: _Pass) -> Then:
     return _next_batch(p, b, result="passed")
 
 
+def _approval_expired(p: _Pass, b: _Batch, approval: Approval) -> Then:
+    """Nobody approved the batch within ``pause.timeout``: abort, or go on as if approved."""
+    waited = f"{b.label}: no approval within {approval.timeout:g}s (pause.timeout)"
+    if approval.on_timeout == "abort":
+        return _roll_back(p, Phase.ABORTED, R.APPROVAL_EXPIRED, f"{waited}: aborted")
+    p.event(R.APPROVAL_EXPIRED, f"{waited}: going on (onTimeout: promote)")
+    return _next_batch(p, b, result="approval expired, promoted")
+
+
 def _canary_lost(p: _Pass, b: _Batch) -> Then:
     """The canary of a live batch was deleted (by someone else): the batch is not live any more.
 
@@ -754,6 +915,7 @@ def _canary_lost(p: _Pass, b: _Batch) -> Then:
         batch_started_at=p.now,
         batch_ready_at=None,
         next_check_at=None,
+        approval_expires_at=None,
         canary_weight=before.weight if before else 0,
         metrics=[_fresh(m) for m in p.status.metrics],
     )
@@ -788,17 +950,29 @@ def _gate(p: _Pass, b: _Batch) -> Verdict | None:
 
 
 def _next_batch(p: _Pass, b: _Batch, *, result: str) -> Then:
-    """The batch is done: on to the next one (Upscaling), or to the promotion after the last."""
+    """The batch is done: on to the next one (Upscaling) once a release window lets it start, or to the
+    promotion after the last (never held: the last batch already runs every replica on all the traffic)."""
     k, n = b.step.number, len(b.steps)
     p.history(k, finished_at=p.now, result=result)
     if k >= n:
         return _start_promotion(p, n)
+    hold = _rules(p).hold(p.now)
+    if hold is not None:
+        return _hold_between(p, b, hold)
+    return _advance(p, b)
+
+
+def _advance(p: _Pass, b: _Batch) -> Then:
+    """Batch k+1 starts: the canary grows to its size (Upscaling)."""
+    k, n = b.step.number, len(b.steps)
+    result = next((r.result for r in reversed(p.status.history) if r.batch == k), "passed") or "passed"
     p.set(
         batch_state=BatchState.UPSCALING,
         current_batch=k + 1,
         batch_started_at=p.now,
         batch_ready_at=None,
         next_check_at=None,
+        approval_expires_at=None,
         # The last values stay visible; the counts start again, since only checks of the new batch count.
         metrics=[_fresh(m) for m in p.status.metrics],
     )
@@ -812,7 +986,7 @@ def _next_batch(p: _Pass, b: _Batch, *, result: str) -> Then:
 
 
 def _start_promotion(p: _Pass, n: int) -> Then:
-    p.set(batch_ready_at=None, next_check_at=None)
+    p.set(batch_ready_at=None, next_check_at=None, approval_expires_at=None)
     p.phase(Phase.PROMOTING, "rolling the stable Deployment to the target version")
     p.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
     return GO_ON
@@ -929,6 +1103,7 @@ def _rolling_back(p: _Pass) -> Then:
         restore=Restore(),
         batch_ready_at=None,
         next_check_at=None,
+        approval_expires_at=None,
         end_phase=None,
     )
     p.phase(st.end_phase or Phase.FAILED, f"{st.message}; stable {st.stable_version} serves all traffic")
@@ -960,7 +1135,11 @@ HANDLERS: dict[tuple[Phase | None, BatchState | None], Handler] = {
     (Phase.PROGRESSING, BatchState.UPSCALING): _upscale,
     (Phase.PROGRESSING, BatchState.VERIFYING): _verify,
     (Phase.PROGRESSING, BatchState.WAITING_FOR_APPROVAL): _verify,
+    (Phase.PROGRESSING, BatchState.DONE): _between,
     **{(Phase.PAUSED, state): _on_pause for state in BatchState},
+    (Phase.WAITING, None): _start,
+    (Phase.WAITING, BatchState.DONE): _between,
+    (Phase.QUEUED, None): _start,
     (Phase.PROMOTING, None): _promote,
     (Phase.ROLLING_BACK, None): _rolling_back,
     (Phase.SUCCEEDED, None): _finished,

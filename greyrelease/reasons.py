@@ -28,6 +28,9 @@ ROUTING_ERROR = "RoutingError"
 ANALYSIS_FAILED = "AnalysisFailed"
 METRIC_CHECK_FAILED = "MetricCheckFailed"
 CLEANED_UP = "CleanedUp"
+WAITING = "Waiting"
+QUEUED = "Queued"
+APPROVAL_EXPIRED = "ApprovalExpired"
 
 # Condition types (Kubernetes style: each True/False with a reason)
 COND_PROGRESSING = "Progressing"

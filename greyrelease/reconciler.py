@@ -27,6 +27,7 @@ from .invalid import invalid_spec
 from .kube import Kube
 from .observe import observe
 from .planner import decide
+from .policies import Governing
 from .record import post_events, release_path, write_status
 from .workload import canary_name
 
@@ -45,9 +46,10 @@ class Outcome:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, gates: Gates | None = None) -> None:
+    def __init__(self, kube: Kube, gates: Gates | None = None, governing: Governing | None = None) -> None:
         self.kube = kube
         self.gates = gates if gates is not None else Gates(kube)
+        self.governing = governing or Governing()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -66,7 +68,7 @@ class Reconciler:
                 post_events(self.kube, release, plan.events, now)
                 write_status(self.kube, release, plan.status)
                 return Outcome(plan, decided_at=decided_at)
-            scene = observe(self.kube, release, spec, status)
+            scene = observe(self.kube, release, spec, status, self.governing)
             if due(spec, status, now):
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
             plan = decide(spec, status, scene.observed, now)

@@ -19,10 +19,11 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from . import metrics
-from .api import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION, BatchState, Obj, Phase
+from .api import ANNOTATION_PREFIX, GROUP, PLURAL, POLICY_PLURAL, TERMINAL_PHASES, VERSION, BatchState, Obj, Phase
 from .cache import CachedKube, Reflector, Store, Watchable, wait_synced
 from .kube import Kube, path
 from .planner import aborting
+from .policies import Governing
 from .pool import PassPool
 from .reconciler import Outcome, Reconciler
 
@@ -70,6 +71,11 @@ class Registry:
         self.pending: dict[Key, asyncio.TimerHandle] = {}
         #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
         self.urgent: set[Key] = set()
+        #: Releases whose last pass left them Waiting or Queued: a release that ends (a slot frees, a
+        #: predecessor is done) or a policy change wakes them. Small: only releases held back are here.
+        self.held_back: dict[Key, Phase] = {}
+        #: The phase each release was last seen in (from watch events), to tell when it changed.
+        self.phase_seen: dict[Key, Any] = {}
         #: Of those, the releases whose next pass cuts traffic for an abort: routine passes wait for it.
         #: Marked from the watch event that brought the annotation, not derived from the stored release
         #: before each pass: that copy can still show the phase from before the abort's own status write,
@@ -101,6 +107,8 @@ class Registry:
         self.waiting.pop(key, None)
         self.wake.pop(key, None)
         self.last_seen.pop(key, None)
+        self.held_back.pop(key, None)
+        self.phase_seen.pop(key, None)
         self.urgent.discard(key)
         self.aborting.discard(key)
         handle = self.pending.pop(key, None)
@@ -148,15 +156,17 @@ class Runtime:
     GreyRelease (and, once :meth:`watch` has started, of a Deployment or Service) is served from the
     stores when they hold the object."""
 
-    def __init__(self, kube: Kube, *, tuning: Tuning | None = None) -> None:
+    def __init__(self, kube: Kube, *, tuning: Tuning | None = None, governing: Governing | None = None) -> None:
         self.tuning = tuning or Tuning()
         self.releases = Store()
         self.deployments = Store()
         self.services = Store()
+        self.policies = Store()
         self.kube = CachedKube(kube)
-        self.kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, self.releases)
+        # (Lists of releases are read only by releases waiting to start under a limit or after another.)
+        self.kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, self.releases, lists=True)
         self.registry = Registry()
-        self.reconciler = Reconciler(self.kube)
+        self.reconciler = Reconciler(self.kube, governing=governing)
         self.phases = metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
@@ -220,6 +230,11 @@ class Runtime:
                 if outcome is None:
                     return
                 self.registry.watch(key, outcome.watched, waiting=waiting(outcome))
+                phase = outcome.plan.status.phase
+                if phase in (Phase.WAITING, Phase.QUEUED):
+                    self.registry.held_back[key] = phase
+                else:
+                    self.registry.held_back.pop(key, None)
                 timeout = outcome.plan.requeue_after
                 if timeout is None:
                     timeout = self.tuning.idle_resync
@@ -250,8 +265,14 @@ class Runtime:
             self.releases.delete(obj)
             self.registry.forget(key)
             self.reconciler.forget(*key)
+            self.wake_held_back(ended=True)
             return
         self.releases.fold(obj)
+        phase = (obj.get("status") or {}).get("phase")
+        if self.registry.phase_seen.get(key, phase) != phase and self.registry.held_back:
+            # A release that ends frees its slot, and one that succeeds (or fails) is what another waits for.
+            self.wake_held_back(ended=phase in TERMINAL_PHASES)
+        self.registry.phase_seen[key] = phase
         seen = fingerprint(obj)
         if self.registry.last_seen.get(key) != seen:
             self.registry.last_seen[key] = seen
@@ -259,6 +280,17 @@ class Runtime:
             if aborting(meta.get("annotations") or {}, (obj.get("status") or {}).get("phase")):
                 self.registry.aborting.add(key)
             self.registry.poke(key)
+
+    def wake_held_back(self, *, ended: bool = True) -> None:
+        """Wake the releases waiting to start: all of them when a release ended or a policy changed (a slot
+        may be free, a window may have moved), else those waiting for a predecessor or a window."""
+        for key, phase in list(self.registry.held_back.items()):
+            if ended or phase == Phase.WAITING:
+                self.registry.poke(key)
+
+    def policy_changed(self, kind: str, obj: Obj) -> None:
+        """A policy changed: the releases held back look again (on the event loop)."""
+        self.wake_held_back(ended=True)
 
     def deployment_changed(self, namespace: str, name: str, type: str) -> None:
         """Wake the releases waiting on this Deployment (its readiness may have changed), and every release
@@ -291,8 +323,20 @@ class Runtime:
             self.kube.cache(prefix, plural, store, ready=lambda: all(r.synced.is_set() for r in found))
             return found
 
+        def policy(kind: str, obj: Obj) -> None:
+            loop.call_soon_threadsafe(self.policy_changed, kind, obj)
+
         deployments = reflect("apps", "v1", "deployments", self.deployments, changed)
-        self._reflectors = deployments + reflect("", "v1", "services", self.services)
+        # The policies are cluster-scoped: one reflector whatever the namespaces watched. Lists of them are
+        # served from memory once the first list is in; until then they go to the API server, so a release
+        # never starts a batch without the freezes and limits that apply to it.
+        policies = [Reflector(api, path(GROUP, VERSION, POLICY_PLURAL), self.policies, on_change=policy).start()]
+        self.kube.cache(f"/apis/{GROUP}/{VERSION}", POLICY_PLURAL, self.policies,
+                        ready=lambda: policies[0].synced.is_set(), lists=True)  # fmt: skip
+        self._reflectors = deployments + policies + reflect("", "v1", "services", self.services)
         timeout = self.tuning.sync_timeout
-        if not await asyncio.to_thread(wait_synced, deployments, timeout):
-            log.warning(f"Deployments not listed within {timeout:g}s; reading them from the API server meanwhile")
+        if not await asyncio.to_thread(wait_synced, deployments + policies, timeout):
+            log.warning(
+                f"Deployments or GreyReleasePolicies not listed within {timeout:g}s; reading them from the API "
+                "server meanwhile"
+            )

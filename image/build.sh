@@ -86,7 +86,7 @@ uid=$(in_image id -u)
 err=$(in_image sh -c ': > /opt/greyrelease/probe' 2>&1) && die "the root file system is writable"
 [[ $err == *"Read-only file system"* ]] || die "writing in the image failed otherwise: $err"
 in_image "$entry" crd >"$CACHE/crd.yaml" || die "'$entry crd' failed in the image"
-diff -u "$ROOT/crds/greyrelease.io_greyreleases.yaml" "$CACHE/crd.yaml" >&2 \
-  || die "'$entry crd' in the image differs from crds/greyrelease.io_greyreleases.yaml"
-say "ok: uid $uid, read-only root, '$entry crd' matches crds/greyrelease.io_greyreleases.yaml (${SECONDS}s)"
+{ cat "$ROOT/crds/greyrelease.io_greyreleases.yaml"; echo ---; cat "$ROOT/crds/greyrelease.io_greyreleasepolicies.yaml"; } \
+  | diff -u - "$CACHE/crd.yaml" >&2 || die "'$entry crd' in the image differs from the CRDs in crds/"
+say "ok: uid $uid, read-only root, '$entry crd' matches the CRDs in crds/ (${SECONDS}s)"
 buildah images --format '{{.Name}}:{{.Tag}}  {{.ID}}  {{.Size}}' "$IMAGE"

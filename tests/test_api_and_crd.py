@@ -15,14 +15,15 @@ from pydantic import ValidationError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_checked_in_crd_is_what_the_models_generate() -> None:
-    path = "crds/greyrelease.io_greyreleases.yaml"
-    assert (ROOT / path).read_text() == render(), f"{path} is stale: run `make crds`"
+@pytest.mark.parametrize("name", ["greyrelease.io_greyreleases.yaml", "greyrelease.io_greyreleasepolicies.yaml"])
+def test_checked_in_crds_are_what_the_models_generate(name: str) -> None:
+    path = f"crds/{name}"
+    assert (ROOT / path).read_text() == render(name), f"{path} is stale: run `make crds`"
 
 
-def test_the_crd_has_one_source_that_config_refers_to() -> None:
+def test_the_crds_have_one_source_that_config_refers_to() -> None:
     crds = yaml.safe_load((ROOT / "crds/kustomization.yaml").read_text())
-    assert crds["resources"] == ["greyrelease.io_greyreleases.yaml"]
+    assert crds["resources"] == ["greyrelease.io_greyreleases.yaml", "greyrelease.io_greyreleasepolicies.yaml"]
     assert yaml.safe_load((ROOT / "config/crd/kustomization.yaml").read_text())["resources"] == ["../../crds"]
     assert [p.name for p in (ROOT / "config/crd").iterdir()] == ["kustomization.yaml"]
 

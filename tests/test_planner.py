@@ -24,6 +24,7 @@ from greyrelease.api import (
     PAUSE_ANNOTATION,
     PROMOTE_ANNOTATION,
     RETRY_ANNOTATION,
+    STATES_OF,
     BatchState,
     Phase,
     fmt_time,
@@ -686,10 +687,10 @@ def test_decide_is_pure() -> None:
 
 def test_every_state_has_exactly_one_handler() -> None:
     for phase in [None, *Phase]:
-        states = list(BatchState) if phase in BATCH_PHASES else [None]
-        for state in states:
+        for state in STATES_OF[phase]:
             assert (phase, state) in HANDLERS, (phase, state)
-    assert len(HANDLERS) == 1 + len(Phase) - len(BATCH_PHASES) + len(BATCH_PHASES) * len(BatchState)
+        assert all(state is None for state in STATES_OF[phase]) or phase in BATCH_PHASES
+    assert len(HANDLERS) == sum(len(states) for states in STATES_OF.values())
 
 
 def test_batch_states_through_a_release_and_the_paused_condition_follows_them() -> None:

@@ -1,0 +1,256 @@
+"""Observation for governance: the policies that govern a release, the queue it is in, and the releases
+it comes after, read through a :class:`~greyrelease.kube.Kube` (the controller serves these reads from
+memory). The rules themselves are pure and live in :mod:`greyrelease.governance`.
+
+What is read, and when (a release that cannot start a batch in this pass reads nothing it does not need):
+
+- the policies: every pass, from memory;
+- the slots Lease and the releases of its queue: only while the release is waiting to start, or may
+  start again (a new version, a retry) and is under a limit;
+- the releases of ``spec.after``: only while the release is waiting to start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api import (
+    GROUP,
+    GROUP_LABEL,
+    PLURAL,
+    POLICY_PLURAL,
+    RETRY_ANNOTATION,
+    TERMINAL_PHASES,
+    VERSION,
+    GreyReleasePolicy,
+    GreyReleaseSpec,
+    GreyReleaseStatus,
+    Obj,
+    Phase,
+    parse_time,
+)
+from .governance import Predecessor, Queue, Rules, Source, find_cycle, queue_order
+from .kube import Kube, NotFound, path
+from .planner import progressing
+from .slots import Holder, holders_of, lease_path
+
+log = logging.getLogger("greyrelease")
+
+POLICIES_PATH = path(GROUP, VERSION, POLICY_PLURAL)
+#: The Lease of the queue that ``--max-progressing`` sets up in each namespace.
+NAMESPACE_LEASE = "greyrelease-slots"
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+@dataclass(frozen=True)
+class Governing:
+    """The controller's own governance settings (``greyrelease run`` flags)."""
+
+    #: ``--max-progressing``: at most this many releases progress at once in every namespace.
+    max_progressing: int | None = None
+    #: Where the Leases of queues across namespaces (``per: Group``) live: the controller's namespace.
+    slots_namespace: str = "greyrelease-system"
+
+
+@dataclass(frozen=True)
+class QueueRef:
+    scope: str  # as messages show it
+    lease: str  # namespace/name
+    limit: int
+    across: bool = False  # one queue across namespaces (a group), not one namespace's
+
+
+@dataclass(frozen=True)
+class Governance:
+    rules: Rules
+    queue: Queue | None
+    predecessors: tuple[Predecessor, ...]
+    cycle: tuple[str, ...]
+
+
+def releases_path(namespace: str | None = None) -> str:
+    return path(GROUP, VERSION, PLURAL, namespace)
+
+
+def read_policies(kube: Kube) -> list[GreyReleasePolicy]:
+    """Every policy the models accept, by name (one they refuse is skipped: the API server's schema
+    stops most; a log line says which)."""
+    try:
+        found = kube.list(POLICIES_PATH)
+    except NotFound:  # the policy CRD is not installed: no policies
+        return []
+    out = []
+    for obj in found:
+        try:
+            out.append(GreyReleasePolicy.model_validate(obj))
+        except ValidationError as err:
+            log.warning(f"GreyReleasePolicy {obj.get('metadata', {}).get('name')}: ignored: {err.errors()[0]['msg']}")
+    return sorted(out, key=lambda p: str(p.metadata.get("name", "")))
+
+
+def _labels(release: Obj) -> dict[str, str]:
+    return dict((release.get("metadata") or {}).get("labels") or {})
+
+
+def governing(policies: list[GreyReleasePolicy], release: Obj) -> list[GreyReleasePolicy]:
+    meta = release.get("metadata") or {}
+    return [p for p in policies if p.spec.governs(meta.get("namespace", ""), _labels(release))]
+
+
+def rules_of(policies: list[GreyReleasePolicy]) -> Rules:
+    sources = []
+    for p in policies:
+        if p.spec.windows or p.spec.freezes:
+            name = f"GreyReleasePolicy {p.metadata.get('name', '')}"
+            sources.append(Source(name, tuple(p.spec.windows or ()), tuple(p.spec.freezes or ())))
+    return Rules(tuple(sources))
+
+
+def _lease_name(*parts: str) -> str:
+    """``greyrelease-slots-<parts>`` as a valid object name (a short hash keeps distinct values apart once
+    characters had to be replaced)."""
+    raw = "-".join(parts)
+    clean = _NOT_NAME.sub("-", raw.lower()).strip("-")[:200]
+    if clean != raw:
+        clean += "-" + hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{NAMESPACE_LEASE}-{clean}"
+
+
+def queue_of(release: Obj, policies: list[GreyReleasePolicy], settings: Governing) -> QueueRef | None:
+    """The queue a release is in: that of the first policy (by name) that governs it and sets a limit
+    (with ``per: Group``, only when the release has a ``greyrelease.io/group`` label), else the one of
+    ``--max-progressing`` for its namespace, else none."""
+    namespace = (release.get("metadata") or {}).get("namespace", "")
+    for p in policies:
+        c = p.spec.concurrency
+        if c is None:
+            continue
+        name = str(p.metadata.get("name", ""))
+        if c.per == "Namespace":
+            return QueueRef(f"namespace {namespace} (GreyReleasePolicy {name})",
+                            f"{namespace}/{_lease_name(name)}", c.max_progressing)  # fmt: skip
+        group = _labels(release).get(GROUP_LABEL)
+        if group:
+            return QueueRef(f"group {group} (GreyReleasePolicy {name})",
+                            f"{settings.slots_namespace}/{_lease_name(name, group)}", c.max_progressing,
+                            across=True)  # fmt: skip
+    if settings.max_progressing:
+        return QueueRef(f"namespace {namespace}", f"{namespace}/{NAMESPACE_LEASE}", settings.max_progressing)
+    return None
+
+
+def may_start(status: GreyReleaseStatus, spec: GreyReleaseSpec, annotations: dict[str, str]) -> bool:
+    """Whether a pass of this release could start batch 1 (and so needs what it waits for)."""
+    phase = status.phase
+    if phase in (None, Phase.INVALID_SPEC, Phase.INITIALIZING, Phase.WAITING, Phase.QUEUED):
+        return True
+    if phase in TERMINAL_PHASES:
+        new_version = status.target_version not in ("", spec.target_version)
+        return new_version or (phase != Phase.SUCCEEDED and RETRY_ANNOTATION in annotations)
+    return False
+
+
+def _status(obj: Obj) -> GreyReleaseStatus:
+    try:
+        return GreyReleaseStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        return GreyReleaseStatus()
+
+
+def _ended(kube: Kube, holder: Holder) -> bool:
+    """A holder that is gone, or whose release stopped progressing after it took the slot (a release that
+    has just taken one may not show its new phase yet: it is not counted out)."""
+    found = kube.get(releases_path(holder.namespace) + "/" + holder.name)
+    if found is None or (found.get("metadata") or {}).get("uid") != holder.uid:
+        return True
+    st = _status(found)
+    since = parse_time(holder.since)
+    return not progressing(st) and st.phase_started_at is not None and since is not None and st.phase_started_at > since
+
+
+def _order(obj: Obj) -> tuple[datetime, str, str]:
+    meta = obj.get("metadata") or {}
+    return queue_order(parse_time(meta.get("creationTimestamp")), meta.get("namespace", ""), meta.get("name", ""))
+
+
+def read_queue(
+    kube: Kube, release: Obj, ref: QueueRef, policies: list[GreyReleasePolicy], settings: Governing
+) -> Queue:
+    """The queue as this release sees it: who holds its slots and how many wait ahead of it."""
+    uid = release["metadata"]["uid"]
+    holders = holders_of(kube.get(lease_path(ref.lease)))
+    stale = tuple(h.uid for h in holders if h.uid != uid and _ended(kube, h))
+    live = {h.uid for h in holders if h.uid not in stale}
+    others = kube.list(releases_path(None if ref.across else release["metadata"]["namespace"]))
+    mine = _order(release)
+    ahead = 0
+    for other in others:
+        meta = other.get("metadata") or {}
+        if meta.get("uid") in live or meta.get("uid") == uid or _order(other) >= mine:
+            continue
+        if (other.get("status") or {}).get("phase") not in (None, "", Phase.QUEUED):
+            continue  # started, ended, or waiting for something else than a slot
+        if queue_of(other, governing(policies, other), settings) == ref:
+            ahead += 1
+    return Queue(ref.scope, ref.lease, ref.limit, tuple(sorted(live)), ahead, uid in live, stale)
+
+
+def read_predecessors(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> tuple[Predecessor, ...]:
+    out = []
+    for after in spec.after or ():
+        found = kube.get(releases_path(namespace) + "/" + after.name)
+        if found is None:
+            out.append(Predecessor(after.name))
+            continue
+        st = _status(found)
+        current = st.observed_generation == int((found.get("metadata") or {}).get("generation", 0))
+        phase = st.phase.value if st.phase else ""
+        out.append(
+            Predecessor(
+                after.name, found=True, phase=phase,
+                succeeded=current and st.phase == Phase.SUCCEEDED,
+                failed=current and st.phase in (Phase.FAILED, Phase.ABORTED, Phase.INVALID_SPEC),
+            )
+        )  # fmt: skip
+    return tuple(out)
+
+
+def read_cycle(kube: Kube, release: Obj, spec: GreyReleaseSpec) -> tuple[str, ...]:
+    """A cycle of ``spec.after`` through this release, read from the releases of its namespace."""
+    meta = release["metadata"]
+    edges: dict[str, tuple[str, ...]] = {meta["name"]: tuple(a.name for a in spec.after or ())}
+    for other in kube.list(releases_path(meta["namespace"])):
+        name = (other.get("metadata") or {}).get("name", "")
+        if name != meta["name"]:
+            after: Any = (other.get("spec") or {}).get("after") or []
+            edges[name] = tuple(str(a.get("name", "")) for a in after if isinstance(a, dict))
+    return tuple(find_cycle(meta["name"], edges) or ())
+
+
+def observe_governance(
+    kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus, annotations: dict[str, str],
+    settings: Governing,
+) -> Governance:  # fmt: skip
+    policies = governing(read_policies(kube), release)
+    rules = rules_of(policies)
+    ref = queue_of(release, policies, settings)
+    queue: Queue | None = None
+    starting = may_start(status, spec, annotations)
+    if ref is not None:
+        if progressing(status):
+            queue = Queue(ref.scope, ref.lease, ref.limit, (), 0, held=True)  # taken when it started
+        elif starting:
+            queue = read_queue(kube, release, ref, read_policies(kube), settings)
+    predecessors: tuple[Predecessor, ...] = ()
+    cycle: tuple[str, ...] = ()
+    if spec.after and starting:
+        cycle = read_cycle(kube, release, spec)
+        predecessors = read_predecessors(kube, release["metadata"]["namespace"], spec)
+    return Governance(rules, queue, predecessors, cycle)

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from e2e.controller import CRD
+from e2e.controller import CRD, POLICY_CRD
 from e2e.harness.controlplane import LocalCluster
 from e2e.harness.process import free_port
 from e2e.reliability import parse_time
@@ -793,7 +793,7 @@ def main() -> int:
     cluster = audit.AuditedCluster(workdir / "cluster")
     cluster.start()
     try:
-        cluster.kubectl("apply", "-f", str(CRD))
+        cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
         if args.only != "greyrelease":
             cluster.kubectl("apply", "--server-side", "-k", str(argo_crds()), timeout=120)
         kube = KubeClient.from_environment(str(cluster.kubeconfig))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from e2e.controller import CRD
+from e2e.controller import CRD, POLICY_CRD
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.process import free_port
 from greyrelease.api import parse_time
@@ -545,7 +545,7 @@ def main() -> int:
         local.start()
         cluster = local
     try:
-        cluster.kubectl("apply", "-f", str(CRD))
+        cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
         cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
         kube = KubeClient.from_environment(str(cluster.kubeconfig))
         kube.user_agent = "bench"  # its own writes are not counted as the controller's

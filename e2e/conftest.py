@@ -15,7 +15,7 @@
   readiness gate a pod template lists so its pods become Ready only once they answer; `answering_app()` in
   e2e/harness/dataplane.py writes such a Deployment and its Service).
 - `namespace` (function): a fresh namespace, deleted after the test.
-- `crd` (session): the GreyRelease CRD that ships (crds/), applied and Established.
+- `crd` (session): the CRDs that ship (crds/: GreyRelease and GreyReleasePolicy), applied and Established.
 - `controller` (function): `greyrelease run` as its own process watching `namespace` (e2e/controller.py);
   stopped after the test, its log printed, and the namespace's GreyReleases dropped.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import CRD, Controller, drop_releases
+from e2e.controller import CRD, POLICY_CRD, Controller, drop_releases
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, install_gateway_api_crds
 from e2e.harness.process import new_workdir, sweep_stale_workdirs
@@ -101,9 +101,10 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> Path:
-    """The CRD that ships, applied with kubectl and established."""
-    cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
+    """The CRDs that ship, applied with kubectl and established."""
+    cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io",
+                    "crd/greyreleasepolicies.greyrelease.io", "--timeout=30s")  # fmt: skip
     return CRD
 
 

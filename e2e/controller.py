@@ -18,6 +18,7 @@ from e2e.harness.controlplane import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "greyrelease.io_greyreleases.yaml"
+POLICY_CRD = ROOT / "crds" / "greyrelease.io_greyreleasepolicies.yaml"
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.controller import CRD, Controller, gr
+from e2e.controller import CRD, POLICY_CRD, Controller, gr
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, answering_app
 from e2e.harness.process import new_workdir
@@ -168,7 +168,7 @@ def release_spec(st: Stack, version: str, batches: list[dict[str, Any]]) -> dict
 def run(st: Stack) -> int:
     cluster = st.cluster
     work = Path(tempfile.mkdtemp(prefix="greyrelease-demo-"))
-    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
     cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", "--timeout=60s", check=False)
     cluster.kubectl("create", "namespace", NS)

@@ -182,6 +182,8 @@ def test_the_cluster_role_has_no_wildcards(installed: list[dict[str, Any]]) -> N
         ("create", "events", True),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", True),
         ("get", "secrets", True),
+        ("watch", "greyreleasepolicies.greyrelease.io", True),
+        ("create", "greyreleasepolicies.greyrelease.io", False),
         ("delete", "greyreleases.greyrelease.io", False),
         ("update", "deployments.apps", False),
         ("list", "secrets", False),

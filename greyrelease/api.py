@@ -124,36 +124,34 @@ class TargetRef(_Camel):
     )
 
 
-class ManualPause(_Camel):
-    """``pause: {manual: true, timeout: 4h, onTimeout: abort}``: wait for an approval, at most so long."""
+class Approval(_Camel):
+    """How long a batch with ``pause: manual`` waits for its approval, and what happens then."""
 
-    manual: Literal[True] = Field(description="Wait for greyrelease.io/promote=next.")
-    timeout: Duration | None = Field(
-        None, description="How long the approval is waited for, from when the batch went live. Absent: for ever."
-    )
+    timeout: Duration = Field(description="How long the approval is waited for, from when the batch went live.")
     on_timeout: Literal["abort", "promote"] = Field(
-        "abort", description="What happens when nobody approved in time: abort (roll back) or promote (go on)."
+        "abort", description="When nobody approved in time: abort (roll back) or promote (go on to the next batch)."
     )
 
 
-_PAUSE_TEXT = Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)]
-#: A batch's pause: a duration ("30s"), "manual", or a manual pause with a timeout. In the CRD the field
-#: takes a string or an object (a structural schema cannot say which, so the controller checks it and
-#: marks a bad one InvalidSpec naming the field).
-Pause = Annotated[
-    _PAUSE_TEXT | ManualPause,
-    WithJsonSchema(
-        {
-            "x-kubernetes-preserve-unknown-fields": True,
-            "description": 'How long to hold the batch before moving on ("30s"); "manual" to wait for '
-            "greyrelease.io/promote; or {manual: true, timeout: 4h, onTimeout: abort|promote} to wait for "
-            "it at most so long. Absent: move on as soon as the batch is ready.",
-        }
-    ),
-]
+PAUSE_TEXT = Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_length=32)]
 
 
 class Batch(_Camel):
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=_camel,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.approval) || has(self.pause) && self.pause == 'manual'",
+                    "approval goes with pause: manual",
+                    ".approval",
+                )
+            ]
+        },
+    )
     replicas: Replicas
     weight: int | None = Field(
         None,
@@ -162,7 +160,14 @@ class Batch(_Camel):
         description="Percent of traffic to the canary in this batch (router modes). "
         "Defaults to the replica share.",
     )
-    pause: Pause | None = Field(None)
+    pause: PAUSE_TEXT | None = Field(
+        None,
+        description='How long to hold the batch before moving on ("30s"), or "manual" to wait '
+        "for greyrelease.io/promote. Absent: move on as soon as the batch is ready.",
+    )
+    approval: Approval | None = Field(
+        None, description="With pause: manual: how long the approval is waited for, and what happens then."
+    )
     header_match: dict[str, str] | None = Field(
         None,
         description="Router modes: send requests with these headers to the canary whatever the weight.",
@@ -174,6 +179,12 @@ class Batch(_Camel):
         if isinstance(v, int) and v < 1:
             raise ValueError("must be at least 1")
         return v
+
+    @model_validator(mode="after")
+    def _approval_with_manual(self) -> Batch:
+        if self.approval is not None and self.pause != "manual":
+            raise ValueError("approval goes with pause: manual")
+        return self
 
 
 class ServiceRouting(_Camel):
@@ -529,7 +540,12 @@ class GreyReleaseSpec(_Camel):
     canary_weight: int | None = Field(
         None, ge=0, le=100, description="Shorthand: traffic percent added per batch."
     )
-    pause: Pause | None = Field(None, description="Shorthand: the pause of every batch but the last.")
+    pause: PAUSE_TEXT | None = Field(None, description="Shorthand: the pause of every batch but the last.")
+    approval: Approval | None = Field(
+        None,
+        description="How long every batch with pause: manual waits for its approval (unless the batch says), and "
+        "what happens then.",
+    )
     traffic_routing: TrafficRouting | None = Field(
         None,
         description="How traffic reaches the canary. Absent: only replicas move, and an abort "

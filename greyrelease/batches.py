@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .api import GreyReleaseSpec, ManualPause, parse_duration
+from .api import Approval as ApprovalSpec
+from .api import GreyReleaseSpec, parse_duration
 
 MANUAL = "manual"
 
@@ -64,19 +65,19 @@ class PlanError(ValueError):
         self.field = field
 
 
-def _pause(value: str | ManualPause | None) -> float | str | None:
+def _pause(value: str | None) -> float | str | None:
     if value is None:
         return None
-    if isinstance(value, ManualPause) or value == MANUAL:
+    if value == MANUAL:
         return MANUAL
     seconds = parse_duration(value)
     return seconds or None
 
 
-def _approval(value: str | ManualPause | None) -> Approval | None:
-    if isinstance(value, ManualPause) and value.timeout is not None:
-        return Approval(parse_duration(value.timeout), value.on_timeout)
-    return None
+def _approval(pause: str | None, approval: ApprovalSpec | None) -> Approval | None:
+    if pause != MANUAL or approval is None:
+        return None
+    return Approval(parse_duration(approval.timeout), approval.on_timeout)
 
 
 def _resolve_replicas(value: int | str, total: int) -> int:
@@ -100,10 +101,12 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
     if total < 1:
         raise PlanError("spec.targetRef", "the Deployment has 0 replicas; scale it up to release it")
     weighted = spec.traffic_routing is not None and spec.traffic_routing.service is None
-    rows: list[tuple[int, int | None, str | ManualPause | None, dict[str, str] | None]] = []
+    Row = tuple[int, int | None, str | None, dict[str, str] | None, ApprovalSpec | None]
+    rows: list[Row] = []
     if spec.batches is not None:
         for b in spec.batches:
-            rows.append((_resolve_replicas(b.replicas, total), b.weight, b.pause, b.header_match))
+            rows.append((_resolve_replicas(b.replicas, total), b.weight, b.pause, b.header_match,
+                         b.approval or spec.approval))  # fmt: skip
     else:
         assert spec.batch_size is not None and spec.canary_weight is not None
         count = math.ceil(total / spec.batch_size)
@@ -111,14 +114,14 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
             count = max(count, math.ceil(100 / spec.canary_weight))
         for k in range(1, count + 1):
             rows.append(
-                (min(k * spec.batch_size, total), min(k * spec.canary_weight, 100), spec.pause, None)
+                (min(k * spec.batch_size, total), min(k * spec.canary_weight, 100), spec.pause, None, spec.approval)
             )
         # The shorthand's pause holds every batch but the last: after the last comes promotion.
         last = rows[-1]
-        rows[-1] = (last[0], last[1], None, None)
+        rows[-1] = (last[0], last[1], None, None, None)
 
     steps: list[Step] = []
-    for i, (canary, weight, pause, headers) in enumerate(rows, start=1):
+    for i, (canary, weight, pause, headers, approval) in enumerate(rows, start=1):
         if i == len(rows):
             canary, weight = total, 100
         if steps and canary < steps[-1].canary_replicas:
@@ -131,7 +134,7 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
         if steps and weight < steps[-1].weight:
             raise PlanError(f"spec.batches[{i - 1}].weight", "weights must never decrease")
         stable = total if weighted else total - canary
-        steps.append(Step(i, canary, stable, weight, _pause(pause), headers, _approval(pause)))
+        steps.append(Step(i, canary, stable, weight, _pause(pause), headers, _approval(pause, approval)))
     return steps
 
 

@@ -221,7 +221,14 @@ class Reflector:
     def _follow(self) -> None:
         """List when there is no version to go on from, then watch until the server ends the watch."""
         if self._version is None:
-            listed = self.kube.request("GET", self.collection)
+            try:
+                listed = self.kube.request("GET", self.collection)
+            except NotFound:
+                # The kind is not served (its CRD is not installed): there is none of it. Listed again
+                # after the retry's wait, so a CRD installed later is seen.
+                self.store.replace([], None)
+                self.synced.set()
+                raise
             version = str((listed.get("metadata") or {}).get("resourceVersion") or "") or None
             self.store.replace(listed.get("items") or [], int(version) if version and version.isdigit() else None)
             self._version = version

@@ -6,14 +6,16 @@ import argparse
 import asyncio
 import logging
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 from pydantic import ValidationError
 
-from .api import KIND, GreyReleaseSpec
+from .api import KIND, GreyReleaseSpec, parse_time
 from .batches import MANUAL, PlanError, earliest_finish, expand
+from .governance import SPEC, Rules, Source, local_text, schedule
 
 
 def _validation_message(err: ValidationError) -> str:
@@ -39,7 +41,12 @@ def _duration(seconds: float) -> str:
     return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v) or "0s"
 
 
-def print_plan(doc: dict[str, Any], replicas: int, out: TextIO = sys.stdout) -> int:
+def print_plan(
+    doc: dict[str, Any], replicas: int, out: TextIO = sys.stdout, *, start: datetime | None = None,
+    rules: Rules | None = None,
+) -> int:  # fmt: skip
+    """The batches of a release, and when each would start from ``start`` (default now) given its windows
+    and freezes (and ``rules``: those of the policies that govern it)."""
     try:
         spec = GreyReleaseSpec.model_validate(doc.get("spec") or {})
         steps = expand(spec, replicas)
@@ -56,20 +63,53 @@ def print_plan(doc: dict[str, Any], replicas: int, out: TextIO = sys.stdout) -> 
     )
     print(f"GreyRelease {name}: {spec.target_version} over {replicas} replicas, traffic by {mode}", file=out)
     gates = ", ".join(m.name for m in spec.analysis.metrics) if spec.analysis else "-"
-    header = f"{'BATCH':<6} {'CANARY':>6} {'STABLE':>6} {'WEIGHT':>6}  {'PAUSE':<8} GATES"
-    print(header, file=out)
-    for s in steps:
-        print(
-            f"{s.number:<6} {s.canary_replicas:>6} {s.stable_replicas:>6} {s.weight:>5}%  {s.pause_label:<8} {gates}",
-            file=out,
-        )
-    finish = earliest_finish(steps)
+    begin = start or datetime.now(UTC)
+    all_rules = (rules or Rules()).plus(Source(SPEC, tuple(spec.windows or ()), tuple(spec.freezes or ())))
+    pauses = [None if s.pause == MANUAL else float(s.pause or 0) for s in steps]
+    starts, finish = schedule(pauses, all_rules, begin)
+    zone = all_rules.zone()
+    # The start column is shown when it can differ from "now plus the pauses": with windows or freezes, or
+    # for a given --start.
+    timed = start is not None or bool(all_rules)
+    width = max(8, *(len(s.pause_label) for s in steps))
+    header = f"{'BATCH':<6} {'CANARY':>6} {'STABLE':>6} {'WEIGHT':>6}  {'PAUSE':<{width}} "
+    print(header + (f"{'EARLIEST START':<25} " if timed else "") + "GATES", file=out)
+    for s, at in zip(steps, starts, strict=True):
+        approvals_before = any(p is None for p in pauses[: s.number - 1])
+        when = local_text(at, zone) if at is not None else ("after approval" if approvals_before else "never")
+        row = f"{s.number:<6} {s.canary_replicas:>6} {s.stable_replicas:>6} {s.weight:>5}%  {s.pause_label:<{width}} "
+        print(row + (f"{when:<25} " if timed else "") + gates, file=out)
+    if all_rules:
+        print(f"windows and freezes: from {local_text(begin, zone)}, each batch starts only when they allow", file=out)
+    if not timed:
+        finish = None if any(p is None for p in pauses) else begin
     if finish is None:
         manual = sum(1 for s in steps if s.pause == MANUAL)
-        print(f"earliest finish: after {manual} manual approval(s)", file=out)
+        if starts[0] is None:
+            print("earliest finish: never: no time within a year is open in every window", file=out)
+        else:
+            print(f"earliest finish: after {manual} manual approval(s)", file=out)
+    elif not timed:
+        pauses_total = _duration(earliest_finish(steps) or 0.0)
+        print(f"earliest finish: {pauses_total} of pauses after the start, plus rollout time", file=out)
     else:
-        print(f"earliest finish: {_duration(finish)} of pauses after the start, plus rollout time", file=out)
+        total = earliest_finish(steps) or 0.0
+        print(
+            f"earliest finish: {local_text(finish, zone)} ({_duration((finish - begin).total_seconds())} from the "
+            f"start, {_duration(total)} of it pauses), plus rollout time",
+            file=out,
+        )
     return 0
+
+
+def parse_start(text: str | None) -> datetime | None:
+    """``--start``: an RFC 3339 time (``2026-12-07T08:00:00+01:00``); raises SystemExit when unreadable."""
+    if text is None:
+        return None
+    parsed = parse_time(text)
+    if parsed is None:
+        raise SystemExit(f"error: --start: {text!r} is not an RFC 3339 time such as 2026-12-07T08:00:00+01:00")
+    return parsed
 
 
 def _replicas_from_cluster(doc: dict[str, Any]) -> int | None:
@@ -99,13 +139,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _rules_from_cluster(doc: dict[str, Any]) -> Rules | None:
+    try:
+        from .kubeclient import KubeClient
+        from .policies import rules_for
+
+        return rules_for(KubeClient.from_environment(), doc)
+    except Exception:
+        return None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     doc = load_release(args.file)
+    start = parse_start(args.start)
     replicas = args.replicas if args.replicas is not None else _replicas_from_cluster(doc)
     if replicas is None:
         print("error: pass --replicas N (the target Deployment could not be read)", file=sys.stderr)
         return 2
-    return print_plan(doc, replicas)
+    # With --replicas nothing is read from the cluster: the spec's own windows and freezes only.
+    rules = _rules_from_cluster(doc) if args.replicas is None else None
+    return print_plan(doc, replicas, start=start, rules=rules)
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -215,7 +268,13 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = sub.add_parser("plan", help="show the batches of a GreyRelease without a cluster")
     plan.add_argument("-f", "--file", required=True, help="a YAML file with a GreyRelease ('-' for stdin)")
-    plan.add_argument("--replicas", type=int, help="replicas of the target Deployment")
+    plan.add_argument(
+        "--replicas", type=int,
+        help="replicas of the target Deployment (given, nothing is read from the cluster: neither the Deployment "
+        "nor the GreyReleasePolicies)",
+    )  # fmt: skip
+    plan.add_argument("--start", help="when the release would be applied (RFC 3339; default: now)")
+
     plan.set_defaults(func=cmd_plan)
 
     crd = sub.add_parser("crd", help="print the CustomResourceDefinitions generated from the models")

@@ -147,15 +147,17 @@ class Rules:
         if until == t:
             return None
         frozen = self._freeze_at(t)
-        opens = "no time within a year is open in every window" if until is None else local_text(until, self.zone())
+        never = "no time within a year is open in every window"
         if frozen is not None:
             source, freeze = frozen
             name = f"freeze {freeze.reason!r}" if freeze.reason else "a freeze"
             of = f" of {source.name}" if source.name != SPEC else ""
-            return Hold(until, f"waiting for the end of {name}{of} (next start {opens})")
+            after = never if until is None else f"next start {local_text(until, self.zone())}"
+            return Hold(until, f"waiting for the end of {name}{of} ({after})")
         closed = [s.name for s in self.sources if s.windows and not open_at(s.windows, t) and s.name != SPEC]
         of = " of " + " and ".join(closed) if closed else ""
-        return Hold(until, f"waiting for release window{of} (opens {opens})")
+        opens = never if until is None else f"opens {local_text(until, self.zone())}"
+        return Hold(until, f"waiting for release window{of} ({opens})")
 
     def zone(self) -> ZoneInfo | None:
         """The zone messages give times in: the first window's."""
@@ -171,6 +173,23 @@ class Rules:
 def local_text(t: datetime, zone: ZoneInfo | None) -> str:
     """``2026-12-07T09:00:00+01:00``: RFC 3339 in the zone people set the windows in (UTC without one)."""
     return t.astimezone(zone or UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def schedule(
+    pauses: Sequence[float | None], rules: Rules, start: datetime
+) -> tuple[list[datetime | None], datetime | None]:
+    """When each batch would start at the earliest, from ``start``, and when the last one's pause would
+    end (the earliest finish; the promotion after it is never held). ``pauses`` are in seconds (0: none);
+    None is a wait for approval, after which nothing is known (None from there on). Rollout time is not
+    counted: it depends on the pods."""
+    t: datetime | None = start
+    starts: list[datetime | None] = []
+    for pause in pauses:
+        t = rules.next_start(t) if t is not None else None
+        starts.append(t)
+        if t is not None:
+            t = None if pause is None else t + timedelta(seconds=pause)
+    return starts, t
 
 
 # --- queues -----------------------------------------------------------------------------------------

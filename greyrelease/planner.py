@@ -347,8 +347,9 @@ def decide(spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed,
         if first is None or first(p) is GO_ON:
             _run(p)
     queue = observed.queue
-    if queue is not None and queue.held and (p.done or not progressing(p.status)):
-        # A release that ends (or is deleted, or goes back to waiting) gives its slot back at once.
+    if queue is not None and queue.held and (observed.deleting or not progressing(p.status)):
+        # A release that ends, rolls back, is deleted or goes back to waiting gives its slot back at once
+        # (after the actions that cut its traffic).
         p.act(FreeSlot(queue.lease))
     return p.build(observed.generation)
 
@@ -360,10 +361,11 @@ def started(status: GreyReleaseStatus) -> bool:
 
 def progressing(status: GreyReleaseStatus) -> bool:
     """Whether the release counts against a concurrency limit: from the pass that takes its slot until it
-    ends. A release waiting to start (for a window, a predecessor or a slot) does not count; one paused,
-    waiting for an approval or for the window of its next batch does (it holds its slot)."""
+    ends or starts rolling back. A release waiting to start (for a window, a predecessor or a slot) does
+    not count; one paused, waiting for an approval or for the window of its next batch does (it holds its
+    slot)."""
     phase = status.phase
-    if phase is None or phase in TERMINAL_PHASES or phase == Phase.QUEUED:
+    if phase is None or phase in TERMINAL_PHASES or phase in (Phase.QUEUED, Phase.ROLLING_BACK):
         return False
     return not (phase == Phase.WAITING and status.batch_state is None and not started(status))
 
@@ -891,8 +893,8 @@ def _verify(p: _Pass) -> Then:
 
 
 def _approval_expired(p: _Pass, b: _Batch, approval: Approval) -> Then:
-    """Nobody approved the batch within ``pause.timeout``: abort, or go on as if approved."""
-    waited = f"{b.label}: no approval within {approval.timeout:g}s (pause.timeout)"
+    """Nobody approved the batch within ``approval.timeout``: abort, or go on as if approved."""
+    waited = f"{b.label}: no approval within {approval.timeout:g}s (approval.timeout)"
     if approval.on_timeout == "abort":
         return _roll_back(p, Phase.ABORTED, R.APPROVAL_EXPIRED, f"{waited}: aborted")
     p.event(R.APPROVAL_EXPIRED, f"{waited}: going on (onTimeout: promote)")

@@ -3,7 +3,7 @@
     kubectl gr status NAME [-n NS] [-w [--keep]]   phase, batch progress, weight, replicas, metrics, events
     kubectl gr abort|pause|resume|retry NAME       the greyrelease.io/ annotations the controller acts on
     kubectl gr promote NAME [--full]               approve the next batch (or skip to the end)
-    kubectl gr plan -f FILE [--replicas N]         the batches of a release, before it is applied
+    kubectl gr plan -f FILE [--replicas N] [--start T]   the batches of a release and when each would start
 
 Credentials are the user's, as kubectl would find them: ``--kubeconfig``, then ``$KUBECONFIG``, then
 ``~/.kube/config`` (``--context`` picks a context), and in-cluster credentials when there is no kubeconfig.
@@ -147,6 +147,13 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
     next_check = until(st.get("nextCheckAt"), now)
     if next_check and phase not in TERMINAL_PHASES:
         lines.append(f"Next check:  {next_check}")
+    expires = parse_time(st.get("approvalExpiresAt"))
+    if expires is not None and phase not in TERMINAL_PHASES:
+        left = max(0, int((expires - now).total_seconds()))
+        lines.append(f"Approval:    {left // 3600}h{left % 3600 // 60:02d}m{left % 60:02d}s left (until "
+                     f"{st['approvalExpiresAt']})")  # fmt: skip
+    if st.get("queuePosition"):
+        lines.append(f"Queue:       position {st['queuePosition']}")
     annotations = meta.get("annotations") or {}
     pending = [f"{k}={annotations[k]}" for k in REQUESTS if k in annotations]
     if spec.get("paused"):
@@ -311,9 +318,17 @@ def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int
 
 
 def cmd_plan(args: argparse.Namespace, cluster: Cluster | None, out: TextIO) -> int:
-    from .cli import load_release, print_plan
+    from .cli import load_release, parse_start, print_plan
+    from .policies import rules_for
 
     doc = load_release(args.file)
+    start = parse_start(args.start)
+    rules = None
+    if cluster is not None:
+        try:
+            rules = rules_for(cluster.kube, doc)
+        except (ApiError, HTTPError, OSError):
+            rules = None  # not allowed to list policies: the spec's own windows only
     replicas = args.replicas
     if replicas is None and cluster is not None:
         namespace = args.namespace or (doc.get("metadata") or {}).get("namespace") or cluster.namespace
@@ -324,7 +339,7 @@ def cmd_plan(args: argparse.Namespace, cluster: Cluster | None, out: TextIO) -> 
     if replicas is None:
         print("error: pass --replicas N (the target Deployment could not be read)", file=sys.stderr)
         return 2
-    return print_plan(doc, replicas, out)
+    return print_plan(doc, replicas, out, start=start, rules=rules)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -358,6 +373,7 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", parents=[common], help="show the batches of a GreyRelease file")
     plan.add_argument("-f", "--filename", "--file", dest="file", required=True, help="YAML file ('-' for stdin)")
     plan.add_argument("--replicas", type=int, help="replicas of the target (default: read from the cluster)")
+    plan.add_argument("--start", help="when the release would be applied (RFC 3339; default: now)")
     return parser
 
 

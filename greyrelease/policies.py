@@ -44,8 +44,8 @@ from .slots import Holder, holders_of, lease_path
 log = logging.getLogger("greyrelease")
 
 POLICIES_PATH = path(GROUP, VERSION, POLICY_PLURAL)
-#: The Lease of the queue that ``--max-progressing`` sets up in each namespace.
-NAMESPACE_LEASE = "greyrelease-slots"
+#: The prefix of the names of the Leases that hold the slots of each queue.
+LEASE_PREFIX = "greyrelease-slots"
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
@@ -113,6 +113,14 @@ def rules_of(policies: list[GreyReleasePolicy]) -> Rules:
     return Rules(tuple(sources))
 
 
+def rules_for(kube: Kube, release: Obj) -> Rules:
+    """The windows and freezes of the policies that would govern ``release`` (a manifest: its namespace
+    defaults to ``default``)."""
+    meta = release.get("metadata") or {}
+    doc = {**release, "metadata": {**meta, "namespace": meta.get("namespace") or "default"}}
+    return rules_of(governing(read_policies(kube), doc))
+
+
 def _lease_name(*parts: str) -> str:
     """``greyrelease-slots-<parts>`` as a valid object name (a short hash keeps distinct values apart once
     characters had to be replaced)."""
@@ -120,29 +128,31 @@ def _lease_name(*parts: str) -> str:
     clean = _NOT_NAME.sub("-", raw.lower()).strip("-")[:200]
     if clean != raw:
         clean += "-" + hashlib.sha256(raw.encode()).hexdigest()[:8]
-    return f"{NAMESPACE_LEASE}-{clean}"
+    return f"{LEASE_PREFIX}-{clean}"
 
 
 def queue_of(release: Obj, policies: list[GreyReleasePolicy], settings: Governing) -> QueueRef | None:
     """The queue a release is in: that of the first policy (by name) that governs it and sets a limit
     (with ``per: Group``, only when the release has a ``greyrelease.io/group`` label), else the one of
-    ``--max-progressing`` for its namespace, else none."""
+    ``--max-progressing`` for its namespace, else none. Every queue's Lease lives in the controller's own
+    namespace: the controller writes Leases nowhere else."""
     namespace = (release.get("metadata") or {}).get("namespace", "")
+    home = settings.slots_namespace
     for p in policies:
         c = p.spec.concurrency
         if c is None:
             continue
         name = str(p.metadata.get("name", ""))
         if c.per == "Namespace":
-            return QueueRef(f"namespace {namespace} (GreyReleasePolicy {name})",
-                            f"{namespace}/{_lease_name(name)}", c.max_progressing)  # fmt: skip
+            scope = f"namespace {namespace} (GreyReleasePolicy {name})"
+            return QueueRef(scope, f"{home}/{_lease_name(name, 'ns', namespace)}", c.max_progressing)
         group = _labels(release).get(GROUP_LABEL)
         if group:
-            return QueueRef(f"group {group} (GreyReleasePolicy {name})",
-                            f"{settings.slots_namespace}/{_lease_name(name, group)}", c.max_progressing,
-                            across=True)  # fmt: skip
+            scope = f"group {group} (GreyReleasePolicy {name})"
+            return QueueRef(scope, f"{home}/{_lease_name(name, 'group', group)}", c.max_progressing, across=True)
     if settings.max_progressing:
-        return QueueRef(f"namespace {namespace}", f"{namespace}/{NAMESPACE_LEASE}", settings.max_progressing)
+        scope = f"namespace {namespace}"
+        return QueueRef(scope, f"{home}/{_lease_name('ns', namespace)}", settings.max_progressing)
     return None
 
 
@@ -212,6 +222,8 @@ def read_predecessors(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> tupl
         st = _status(found)
         current = st.observed_generation == int((found.get("metadata") or {}).get("generation", 0))
         phase = st.phase.value if st.phase else ""
+        if phase and not current:
+            phase += " for an earlier spec"
         out.append(
             Predecessor(
                 after.name, found=True, phase=phase,

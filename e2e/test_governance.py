@@ -1,0 +1,250 @@
+"""End-to-end: release governance on a real control plane, driven with the real kubectl. A release window
+that opens while the release waits, a freeze applied mid-release, an approval that expires, a concurrency
+limit across a controller SIGKILL, and a release that comes after one that was aborted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.controller import (
+    Controller,
+    apply_release,
+    deploy_app,
+    drop_releases,
+    events,
+    release,
+    status,
+    wait_for,
+    wait_phase,
+)
+from e2e.harness.controlplane import Cluster, LocalCluster
+from e2e.reliability import audited_writes, parse_time
+
+pytestmark = pytest.mark.e2e
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def gr(name: str, target: str, batches: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"name": target}, "targetVersion": "v2", "batches": batches, **spec},
+    }
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@pytest.fixture
+def policies(cluster: Cluster) -> Iterator[list[str]]:
+    """GreyReleasePolicies a test creates (cluster-scoped: deleted after it)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        cluster.kubectl("delete", "greyreleasepolicy", name, "--ignore-not-found", check=False)
+
+
+def test_a_release_waits_for_its_window_and_writes_nothing_until_it_opens(
+    cluster: Cluster, namespace: str, controller: Controller
+) -> None:
+    deploy_app(cluster, namespace, replicas=4)
+    # Windows have minute resolution: the next whole minute at least 20 s away (20 to 80 s from now).
+    soon = datetime.now(UTC) + timedelta(seconds=20)
+    opening = soon.replace(second=0, microsecond=0) + timedelta(minutes=1 if soon.second or soon.microsecond else 0)
+    closing = opening + timedelta(minutes=30)
+    window = {"days": [DAYS[opening.weekday()]], "start": f"{opening:%H:%M}", "end": f"{closing:%H:%M}"}
+    apply_release(cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 4}],
+                                         windows=[window]))  # fmt: skip
+    waiting = wait_phase(cluster, namespace, "web", {"Waiting"}, timeout=30)
+    assert waiting["message"] == f"waiting for release window (opens {rfc3339(opening)})", waiting["message"]
+    rows = cluster.kubectl("get", "gr", "-n", namespace, "--no-headers").stdout.split()
+    assert rows[:2] == ["web", "Waiting"], rows
+    quiet_from = datetime.now(UTC) + timedelta(seconds=1)  # the Waiting status write and kopf's finalizer are in
+    left = (opening - datetime.now(UTC)).total_seconds()
+    print(f"\nwaiting {left:.1f} s for the window that opens at {rfc3339(opening)}")
+    time.sleep(max(0.0, (opening - datetime.now(UTC)).total_seconds() - 0.5))
+    assert status(cluster, namespace, "web")["phase"] == "Waiting"
+    assert cluster.kubectl("get", "deployment", "web-canary", "-n", namespace, check=False).returncode != 0
+    if isinstance(cluster, LocalCluster):
+        written = audited_writes(cluster, namespace=namespace, since=quiet_from, until=opening)
+        print(f"controller writes while waiting ({(opening - quiet_from).total_seconds():.0f} s): {len(written)}")
+        assert written == [], "\n".join(map(str, written))
+
+    done = wait_phase(cluster, namespace, "web", {"Succeeded"}, timeout=90)
+    started = parse_time(done["history"][0]["startedAt"])
+    print(f"batch 1 started {(started - opening).total_seconds():.2f} s after the window opened")
+    assert opening <= started < opening + timedelta(seconds=15), (started, opening)
+    reasons = [e["reason"] for e in events(cluster, namespace, "web")]
+    assert "Waiting" in reasons and "ReleaseStarted" in reasons, reasons
+
+
+def test_a_freeze_applied_mid_release_holds_the_next_batch(
+    cluster: Cluster, namespace: str, controller: Controller, policies: list[str]
+) -> None:
+    deploy_app(cluster, namespace, replicas=4)
+    batches = [{"replicas": 1, "pause": "5s"}, {"replicas": 2, "pause": "1s"}, {"replicas": 4}]
+    apply_release(cluster, namespace, gr("web", "web", batches))
+    wait_for(lambda: status(cluster, namespace, "web").get("batchState") == "Verifying", 60, "batch 1 live")
+    name = f"freeze-{namespace}"
+    policies.append(name)
+    until = datetime.now(UTC) + timedelta(seconds=25)
+    policy = {
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyReleasePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaces": [namespace],
+            "freezes": [{"from": rfc3339(until - timedelta(hours=1)), "to": rfc3339(until), "reason": "e2e freeze"}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(policy))
+    held = wait_phase(cluster, namespace, "web", {"Waiting"}, timeout=30)
+    assert (held["batchState"], held["currentBatch"], held["canaryReplicas"]) == ("Done", 1, 1), held
+    assert "freeze 'e2e freeze' of GreyReleasePolicy" in held["message"], held["message"]
+    batch1 = held["history"][0]
+    assert batch1["result"] == "passed" and batch1["finishedAt"], batch1
+    # The canary keeps its one pod and its share meanwhile.
+    assert cluster.kubectl_json("get", "deployment", "web-canary", "-n", namespace)["spec"]["replicas"] == 1
+
+    done = wait_phase(cluster, namespace, "web", {"Succeeded"}, timeout=90)
+    second = parse_time(next(h for h in done["history"] if h["batch"] == 2)["startedAt"])
+    whole = until.replace(microsecond=0)
+    print(f"\nbatch 2 started {(second - whole).total_seconds():.2f} s after the freeze ended")
+    assert second >= whole, (second, whole)
+    assert [h["batch"] for h in done["history"]] == [1, 2, 3]
+
+
+def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace: str, controller: Controller) -> None:
+    deploy_app(cluster, namespace, replicas=4)
+    approval = {"timeout": "6s", "onTimeout": "abort"}
+    batches = [{"replicas": 1, "pause": "manual", "approval": approval}, {"replicas": 4}]
+    apply_release(cluster, namespace, gr("web", "web", batches))
+    waiting = wait_for(
+        lambda: (st := status(cluster, namespace, "web")).get("batchState") == "WaitingForApproval" and st, 60,
+        "the batch waiting for approval",
+    )  # fmt: skip
+    expires = parse_time(waiting["approvalExpiresAt"])
+    shown = subprocess.run(
+        [sys.executable, "-m", "greyrelease.plugin", "status", "web", "-n", namespace],
+        capture_output=True, text=True, env=cluster.env, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    assert "Approval:    0h00m0" in shown and "left" in shown, shown
+
+    aborted = wait_phase(cluster, namespace, "web", {"Aborted"}, timeout=60)
+    ended = parse_time(aborted["phaseStartedAt"])
+    print(f"\nthe approval expired at {rfc3339(expires)}; the release was Aborted {(ended - expires).total_seconds():.2f} s"
+          " after")  # fmt: skip
+    assert ended >= expires
+    assert "no approval within 6s (approval.timeout): aborted" in aborted["message"], aborted["message"]
+    assert "ApprovalExpired" in [e["reason"] for e in events(cluster, namespace, "web")]
+    assert cluster.kubectl("get", "deployment", "web-canary", "-n", namespace, check=False).returncode != 0
+    stable = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)["spec"]
+    assert stable["replicas"] == 4 and stable["template"]["spec"]["containers"][0]["image"].endswith(":v1")
+
+
+def test_five_releases_under_a_limit_of_two_progress_two_at_a_time_in_creation_order_across_a_sigkill(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    names = [f"r{i}" for i in range(1, 6)]
+    docs = []
+    for name in names:
+        deploy_app(cluster, namespace, name=name, replicas=2)
+        docs.append(gr(name, name, [{"replicas": 1, "pause": "4s"}, {"replicas": 2}]))
+    ctl = Controller(cluster, namespace, tmp_path / "controller.log", extra_args=["--max-progressing", "2"])
+    seen: list[tuple[str, str, int | None]] = []
+    stop = threading.Event()
+
+    def record() -> None:
+        while not stop.is_set():
+            for item in cluster.kubectl_json("get", "gr", "-n", namespace).get("items", []):
+                st = item.get("status") or {}
+                seen.append((item["metadata"]["name"], st.get("phase", ""), st.get("queuePosition")))
+            time.sleep(0.3)
+
+    recorder = threading.Thread(target=record, daemon=True)
+    try:
+        # One apply, in order: the API server stamps creation to the second, so ties go by name.
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+        ctl.start()
+        recorder.start()
+        wait_for(lambda: status(cluster, namespace, "r3").get("phase") == "Progressing", 120, "r3 progressing")
+        ctl.kill()
+        killed_at = datetime.now(UTC)
+        time.sleep(2)
+        ctl = Controller(cluster, namespace, tmp_path / "controller.log", extra_args=["--max-progressing", "2"])
+        ctl.start()
+        for name in names:
+            wait_phase(cluster, namespace, name, {"Succeeded"}, timeout=180)
+    finally:
+        stop.set()
+        ctl.stop()
+        print(f"--- controller log (last lines) ---\n{ctl.logs()}")
+        drop_releases(cluster, namespace)
+
+    spans = {}
+    for name in names:
+        st = release(cluster, namespace, name).get("status") or {}
+        spans[name] = (parse_time(st["history"][0]["startedAt"]), parse_time(st["phaseStartedAt"]))
+    print(f"\nSIGKILL at {killed_at:%H:%M:%S.%f}")
+    for name, (began, ended) in spans.items():
+        print(f"{name}: progressing {began:%H:%M:%S.%f} .. {ended:%H:%M:%S.%f}")
+    # Never three at once: at every start, at most one other release is between its start and its end.
+    for name, (began, _) in spans.items():
+        running = [n for n, (b, e) in spans.items() if n != name and b <= began < e]
+        assert len(running) <= 1, (name, running, spans)
+    # In order of creation: r3 starts only once one of r1, r2 ended, and so on.
+    starts = sorted(spans, key=lambda n: spans[n][0])
+    assert starts == names, starts
+    queued = {(n, pos) for n, phase, pos in seen if phase == "Queued"}
+    assert ("r5", 3) in queued and ("r3", 1) in queued, sorted(queued)
+    if isinstance(cluster, LocalCluster):
+        # The slots as the API server saw them: no write of the Lease ever listed three holders.
+        writes = [w for w in audited_writes(cluster, namespace=namespace) if w.resource == "leases"]
+        counts = [len(json.loads(w.body["metadata"]["annotations"]["greyrelease.io/holders"])) for w in writes
+                  if w.code < 300 and w.body]  # fmt: skip
+        print(f"{len(writes)} writes of the slots Lease, holders listed: {counts}")
+        assert counts and max(counts) <= 2, counts
+        lease = cluster.kubectl_json("get", "lease", "greyrelease-slots-ns-" + namespace, "-n", namespace)
+        assert json.loads(lease["metadata"]["annotations"]["greyrelease.io/holders"]) == []
+
+
+def test_a_release_after_an_aborted_one_waits_and_names_it_and_a_cycle_is_refused(
+    cluster: Cluster, namespace: str, controller: Controller
+) -> None:
+    deploy_app(cluster, namespace, name="api", replicas=2)
+    deploy_app(cluster, namespace, name="web", replicas=2)
+    apply_release(cluster, namespace, gr("api", "api", [{"replicas": 1, "pause": "manual"}, {"replicas": 2}]))
+    apply_release(cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 2}],
+                                         after=[{"name": "api"}]))  # fmt: skip
+    wait_for(lambda: status(cluster, namespace, "api").get("batchState") == "WaitingForApproval", 60, "api waits")
+    waiting = wait_phase(cluster, namespace, "web", {"Waiting"}, timeout=30)
+    assert waiting["message"] == "waiting for GreyRelease 'api' to succeed (now Progressing)", waiting["message"]
+
+    cluster.kubectl("annotate", "gr", "api", "-n", namespace, "greyrelease.io/abort=true")
+    wait_phase(cluster, namespace, "api", {"Aborted"}, timeout=60)
+    named = wait_for(
+        lambda: "ended Aborted" in (status(cluster, namespace, "web").get("message") or "")
+        and status(cluster, namespace, "web"), 30, "web naming the aborted predecessor",
+    )  # fmt: skip
+    assert named["phase"] == "Waiting", named
+    assert named["message"] == "waiting for GreyRelease 'api', which ended Aborted: retry or fix it first"
+    time.sleep(2)  # it does not start meanwhile
+    assert status(cluster, namespace, "web")["phase"] == "Waiting"
+    assert cluster.kubectl("get", "deployment", "web-canary", "-n", namespace, check=False).returncode != 0
+
+    apply_release(cluster, namespace, gr("c1", "api", [{"replicas": 2}], after=[{"name": "c2"}]))
+    apply_release(cluster, namespace, gr("c2", "web", [{"replicas": 2}], after=[{"name": "c1"}]))
+    refused = wait_phase(cluster, namespace, "c2", {"InvalidSpec"}, timeout=30)
+    assert refused["message"] == "spec.after: a cycle of releases waiting for each other: c2 -> c1 -> c2"

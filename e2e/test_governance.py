@@ -144,8 +144,8 @@ def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace
 
     aborted = wait_phase(cluster, namespace, "web", {"Aborted"}, timeout=60)
     ended = parse_time(aborted["phaseStartedAt"])
-    print(f"\nthe approval expired at {rfc3339(expires)}; the release was Aborted {(ended - expires).total_seconds():.2f} s"
-          " after")  # fmt: skip
+    late = (ended - expires).total_seconds()
+    print(f"\nthe approval expired at {rfc3339(expires)}; the release was Aborted {late:.2f} s after")
     assert ended >= expires
     assert "no approval within 6s (approval.timeout): aborted" in aborted["message"], aborted["message"]
     assert "ApprovalExpired" in [e["reason"] for e in events(cluster, namespace, "web")]

@@ -642,6 +642,14 @@ class CheckVerdict(StrEnum):
     PENDING = "Pending"
 
 
+def field_path(loc: tuple[int | str, ...], root: str = "spec") -> str:
+    """A validation error's location as kubectl names fields: ``spec.windows[0].timeZone``."""
+    out = root
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
 def fmt_time(t: datetime) -> str:
     """RFC 3339 in UTC to the millisecond, as every timestamp of the status is stored:
     ``2026-01-01T12:00:00.000Z``."""

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
-from .api import KIND, GreyReleaseSpec, parse_time
+from .api import KIND, GreyReleaseSpec, field_path, parse_time
 from .batches import MANUAL, PlanError, earliest_finish, expand
 from .governance import SPEC, Rules, Source, local_text, schedule
 
@@ -21,8 +21,7 @@ from .governance import SPEC, Rules, Source, local_text, schedule
 def _validation_message(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        lines.append(f"spec.{loc}: {e['msg']}" if loc else f"spec: {e['msg']}")
+        lines.append(f"{field_path(tuple(e['loc']))}: {e['msg']}")
     return "\n".join(lines)
 
 

@@ -9,13 +9,13 @@ from pydantic import ValidationError
 
 from . import reasons as R
 from .actions import Event, Plan
-from .api import GreyReleaseStatus, Phase
+from .api import GreyReleaseStatus, Phase, field_path
 
 
 def invalid_spec(status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Plan:
     """The plan that records the error (an Event only when the message is new). Pure."""
     first = err.errors()[0]
-    field = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
+    field = field_path(tuple(first["loc"]))
     message = f"{field}: {first['msg']}"
     changes: dict[str, object] = {"phase": Phase.INVALID_SPEC, "message": message}
     if status.phase != Phase.INVALID_SPEC:

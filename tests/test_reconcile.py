@@ -172,7 +172,7 @@ def test_a_spec_the_models_refuse_is_marked_invalid_with_its_field() -> None:
     kube = MemoryKube(stable(), release(batches=[{"replicas": 0}]))
     Reconciler(kube).reconcile(NS, "web", now=T0)
     status = status_of(kube)
-    assert status["phase"] == "InvalidSpec" and status["message"].startswith("spec.batches.0")
+    assert status["phase"] == "InvalidSpec" and status["message"].startswith("spec.batches[0].replicas")
     kube.requests.clear()
     Reconciler(kube).reconcile(NS, "web", now=T0 + timedelta(seconds=5))
     assert kube.writes == []  # recorded once; the same error again writes nothing

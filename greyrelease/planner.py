@@ -610,29 +610,28 @@ def _wait_to_start(p: _Pass) -> Then:
 
 
 def _waiting(p: _Pass, message: str, until: datetime | None) -> Then:
-    """Waiting before batch 1 (or before a new version's batch 1): no write while nothing changes."""
-    if p.status.phase != Phase.WAITING or p.status.message != message:
-        p.event(R.WAITING, message)
-    p.set(target_version=p.spec.target_version, batch_state=None)
-    p.phase(Phase.WAITING, message)
-    if until is not None:
-        p.at(until)
-    else:
-        p.again(INVALID_POLL)  # a predecessor's change wakes it sooner; windows that never meet: a spec edit
-    return WAIT
+    """Waiting before batch 1 (or before a new version's batch 1)."""
+    p.set(target_version=p.spec.target_version)
+    return _wait(p, message, until, state=None)
 
 
 def _hold_between(p: _Pass, b: _Batch, hold: Hold) -> Then:
     """The batch passed; the next one waits for a release window (or a freeze's end). The canary keeps
     this batch's pods and traffic meanwhile."""
     k, n = b.step.number, len(b.steps)
-    message = f"{b.label} passed; batch {k + 1}/{n} is {hold.message}"
+    p.set(next_check_at=None, approval_expires_at=None)
+    return _wait(p, f"{b.label} passed; batch {k + 1}/{n} is {hold.message}", hold.until, state=BatchState.DONE)
+
+
+def _wait(p: _Pass, message: str, until: datetime | None, *, state: BatchState | None) -> Then:
+    """Waiting, until ``until`` (a window's opening, a freeze's end) or until woken (a predecessor's
+    change; without ``until``, a poll as the safety net). Nothing is written while nothing changes."""
     if p.status.phase != Phase.WAITING or p.status.message != message:
         p.event(R.WAITING, message)
-    p.set(batch_state=BatchState.DONE, next_check_at=None, approval_expires_at=None)
+    p.set(batch_state=state)
     p.phase(Phase.WAITING, message)
-    if hold.until is not None:
-        p.at(hold.until)
+    if until is not None:
+        p.at(until)
     else:
         p.again(INVALID_POLL)
     return WAIT

@@ -267,6 +267,11 @@ def wait_synced(reflectors: Iterable[Reflector], timeout: float) -> bool:
     return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in reflectors)
 
 
+def uncached(kube: Kube) -> Kube:
+    """The API server behind ``kube``: reads that must not be answered from memory go there."""
+    return kube.inner if isinstance(kube, CachedKube) else kube
+
+
 class CachedKube:
     """A :class:`~greyrelease.kube.Kube` whose GETs of cached collections are answered from memory.
 

@@ -36,6 +36,7 @@ from .api import (
     Phase,
     parse_time,
 )
+from .cache import uncached
 from .governance import Predecessor, Queue, Rules, Source, find_cycle, queue_order
 from .kube import Kube, NotFound, path
 from .planner import progressing
@@ -193,14 +194,29 @@ def _order(obj: Obj) -> tuple[datetime, str, str]:
 def read_queue(
     kube: Kube, release: Obj, ref: QueueRef, policies: list[GreyReleasePolicy], settings: Governing
 ) -> Queue:
-    """The queue as this release sees it: who holds its slots and how many wait ahead of it."""
+    """The queue as this release sees it: who holds its slots (from the Lease) and how many wait ahead of
+    it. The releases ahead are counted from memory; when that says a slot is free for this release, they
+    are counted again from the API server before it takes it: a controller that has just started may not
+    have heard of every release yet, and one created earlier must not be overtaken."""
     uid = release["metadata"]["uid"]
     holders = holders_of(kube.get(lease_path(ref.lease)))
     stale = tuple(h.uid for h in holders if h.uid != uid and _ended(kube, h))
     live = {h.uid for h in holders if h.uid not in stale}
-    others = kube.list(releases_path(None if ref.across else release["metadata"]["namespace"]))
-    mine = _order(release)
-    ahead = 0
+    collection = releases_path(None if ref.across else release["metadata"]["namespace"])
+    ahead = _ahead(kube.list(collection), release, ref, live, policies, settings)
+    queue = Queue(ref.scope, ref.lease, ref.limit, tuple(sorted(live)), ahead, uid in live, stale)
+    if queue.may_take():
+        ahead = _ahead(uncached(kube).list(collection), release, ref, live, policies, settings)
+        queue = Queue(ref.scope, ref.lease, ref.limit, tuple(sorted(live)), ahead, uid in live, stale)
+    return queue
+
+
+def _ahead(
+    others: list[Obj], release: Obj, ref: QueueRef, live: set[str], policies: list[GreyReleasePolicy],
+    settings: Governing,
+) -> int:  # fmt: skip
+    """Releases of the same queue created before ``release`` that wait for a slot (not started yet)."""
+    uid, mine, count = release["metadata"]["uid"], _order(release), 0
     for other in others:
         meta = other.get("metadata") or {}
         if meta.get("uid") in live or meta.get("uid") == uid or _order(other) >= mine:
@@ -208,8 +224,8 @@ def read_queue(
         if (other.get("status") or {}).get("phase") not in (None, "", Phase.QUEUED):
             continue  # started, ended, or waiting for something else than a slot
         if queue_of(other, governing(policies, other), settings) == ref:
-            ahead += 1
-    return Queue(ref.scope, ref.lease, ref.limit, tuple(sorted(live)), ahead, uid in live, stale)
+            count += 1
+    return count
 
 
 def read_predecessors(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> tuple[Predecessor, ...]:

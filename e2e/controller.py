@@ -68,7 +68,7 @@ class Controller:
                 self.kill()
 
     def logs(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(no log: never started)"
 
 
 def drop_releases(cluster: Cluster, namespace: str) -> None:

@@ -22,7 +22,6 @@ from e2e.controller import (
     deploy_app,
     drop_releases,
     events,
-    release,
     status,
     wait_for,
     wait_phase,
@@ -79,6 +78,8 @@ def test_a_release_waits_for_its_window_and_writes_nothing_until_it_opens(
     assert cluster.kubectl("get", "deployment", "web-canary", "-n", namespace, check=False).returncode != 0
     if isinstance(cluster, LocalCluster):
         written = audited_writes(cluster, namespace=namespace, since=quiet_from, until=opening)
+        # (Leader election renews its Lease every 2 s whatever the releases do: not a write about one.)
+        written = [w for w in written if (w.resource, w.name) != ("leases", "greyrelease-controller")]
         print(f"controller writes while waiting ({(opening - quiet_from).total_seconds():.0f} s): {len(written)}")
         assert written == [], "\n".join(map(str, written))
 
@@ -155,7 +156,7 @@ def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace
 
 
 def test_five_releases_under_a_limit_of_two_progress_two_at_a_time_in_creation_order_across_a_sigkill(
-    cluster: Cluster, namespace: str, tmp_path: Path
+    cluster: Cluster, crd: Path, namespace: str, tmp_path: Path
 ) -> None:
     names = [f"r{i}" for i in range(1, 6)]
     docs = []
@@ -185,8 +186,7 @@ def test_five_releases_under_a_limit_of_two_progress_two_at_a_time_in_creation_o
         time.sleep(2)
         ctl = Controller(cluster, namespace, tmp_path / "controller.log", extra_args=["--max-progressing", "2"])
         ctl.start()
-        for name in names:
-            wait_phase(cluster, namespace, name, {"Succeeded"}, timeout=180)
+        finals = {name: wait_phase(cluster, namespace, name, {"Succeeded"}, timeout=180) for name in names}
     finally:
         stop.set()
         ctl.stop()
@@ -194,24 +194,25 @@ def test_five_releases_under_a_limit_of_two_progress_two_at_a_time_in_creation_o
         drop_releases(cluster, namespace)
 
     spans = {}
-    for name in names:
-        st = release(cluster, namespace, name).get("status") or {}
+    for name, st in finals.items():
         spans[name] = (parse_time(st["history"][0]["startedAt"]), parse_time(st["phaseStartedAt"]))
     print(f"\nSIGKILL at {killed_at:%H:%M:%S.%f}")
     for name, (began, ended) in spans.items():
         print(f"{name}: progressing {began:%H:%M:%S.%f} .. {ended:%H:%M:%S.%f}")
-    # Never three at once: at every start, at most one other release is between its start and its end.
-    for name, (began, _) in spans.items():
+    # When a release starts, the releases under way and the ones created before it that have not started
+    # yet together leave it a slot: never three at once, and none overtakes an earlier one for the last
+    # free slot (two that find two slots free may start in either order).
+    for i, name in enumerate(names):
+        began = spans[name][0]
         running = [n for n, (b, e) in spans.items() if n != name and b <= began < e]
-        assert len(running) <= 1, (name, running, spans)
-    # In order of creation: r3 starts only once one of r1, r2 ended, and so on.
-    starts = sorted(spans, key=lambda n: spans[n][0])
-    assert starts == names, starts
+        earlier = [n for n in names[:i] if spans[n][0] > began]
+        assert len(running) + len(earlier) <= 1, (name, running, earlier, spans)
     queued = {(n, pos) for n, phase, pos in seen if phase == "Queued"}
     assert ("r5", 3) in queued and ("r3", 1) in queued, sorted(queued)
     if isinstance(cluster, LocalCluster):
         # The slots as the API server saw them: no write of the Lease ever listed three holders.
-        writes = [w for w in audited_writes(cluster, namespace=namespace) if w.resource == "leases"]
+        writes = [w for w in audited_writes(cluster, namespace=namespace)
+                  if w.resource == "leases" and w.name.startswith("greyrelease-slots")]
         counts = [len(json.loads(w.body["metadata"]["annotations"]["greyrelease.io/holders"])) for w in writes
                   if w.code < 300 and w.body]  # fmt: skip
         print(f"{len(writes)} writes of the slots Lease, holders listed: {counts}")
@@ -229,8 +230,9 @@ def test_a_release_after_an_aborted_one_waits_and_names_it_and_a_cycle_is_refuse
     apply_release(cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 2}],
                                          after=[{"name": "api"}]))  # fmt: skip
     wait_for(lambda: status(cluster, namespace, "api").get("batchState") == "WaitingForApproval", 60, "api waits")
-    waiting = wait_phase(cluster, namespace, "web", {"Waiting"}, timeout=30)
-    assert waiting["message"] == "waiting for GreyRelease 'api' to succeed (now Progressing)", waiting["message"]
+    wanted = "waiting for GreyRelease 'api' to succeed (now Progressing)"
+    waiting = wait_for(lambda: (st := status(cluster, namespace, "web")).get("message") == wanted and st, 30, wanted)
+    assert waiting["phase"] == "Waiting", waiting
 
     cluster.kubectl("annotate", "gr", "api", "-n", namespace, "greyrelease.io/abort=true")
     wait_phase(cluster, namespace, "api", {"Aborted"}, timeout=60)

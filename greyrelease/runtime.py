@@ -269,9 +269,12 @@ class Runtime:
             return
         self.releases.fold(obj)
         phase = (obj.get("status") or {}).get("phase")
-        if self.registry.phase_seen.get(key, phase) != phase and self.registry.held_back:
-            # A release that ends frees its slot, and one that succeeds (or fails) is what another waits for.
-            self.wake_held_back(ended=phase in TERMINAL_PHASES)
+        before = self.registry.phase_seen.get(key, phase)
+        if before != phase and self.registry.held_back:
+            # A release that ends frees its slot, one that succeeds (or fails) is what another waits for, and
+            # one that leaves the queue moves those behind it up.
+            queue = (None, "", Phase.QUEUED)
+            self.wake_held_back(ended=phase in TERMINAL_PHASES or (before in queue and phase not in queue))
         self.registry.phase_seen[key] = phase
         seen = fingerprint(obj)
         if self.registry.last_seen.get(key) != seen:
@@ -282,8 +285,9 @@ class Runtime:
             self.registry.poke(key)
 
     def wake_held_back(self, *, ended: bool = True) -> None:
-        """Wake the releases waiting to start: all of them when a release ended or a policy changed (a slot
-        may be free, a window may have moved), else those waiting for a predecessor or a window."""
+        """Wake the releases waiting to start: all of them when a release ended or left the queue, or a
+        policy changed (a slot may be free, a place in the queue changed, a window may have moved), else
+        those waiting for a predecessor or a window."""
         for key, phase in list(self.registry.held_back.items()):
             if ended or phase == Phase.WAITING:
                 self.registry.poke(key)

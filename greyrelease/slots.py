@@ -66,24 +66,42 @@ def _write(kube: Kube, ref: str, lease: Obj | None, holders: list[Holder]) -> No
     kube.replace(lease_path(ref), body)  # the resourceVersion read is the precondition
 
 
+#: Attempts of a slot change that lost a race (another write came between the read and the write).
+ATTEMPTS = 3
+
+
 def take(kube: Kube, ref: str, *, limit: int, release: Obj, stale: tuple[str, ...], since: datetime) -> None:
-    """Hold a slot for ``release``; :class:`Conflict` when all ``limit`` are held (by others than the
-    ``stale`` holders, which are dropped in the same write) or when another write came first."""
+    """Hold a slot for ``release``. :class:`Conflict` when all ``limit`` are held (by others than the
+    ``stale`` holders, which are dropped in the same write): the pass stops there, and the next one finds
+    the release Queued. A write that lost a race is read and tried again."""
     meta = release["metadata"]
-    lease = kube.get(lease_path(ref))
-    holders = holders_of(lease)
-    if any(h.uid == meta["uid"] for h in holders):
-        return
-    live = [h for h in holders if h.uid not in stale]
-    if len(live) >= limit:
-        raise Conflict(409, "Conflict", f"all {limit} slots of {ref} are held")
-    _write(kube, ref, lease, [*live, Holder(meta["uid"], meta["namespace"], meta["name"], fmt_time(since))])
+    me = Holder(meta["uid"], meta["namespace"], meta["name"], fmt_time(since))
+    for attempt in range(ATTEMPTS):
+        lease = kube.get(lease_path(ref))
+        holders = holders_of(lease)
+        if any(h.uid == me.uid for h in holders):
+            return
+        live = [h for h in holders if h.uid not in stale]
+        if len(live) >= limit:
+            raise Conflict(409, "Conflict", f"all {limit} slots of {ref} are held")
+        try:
+            _write(kube, ref, lease, [*live, me])
+            return
+        except Conflict:
+            if attempt == ATTEMPTS - 1:
+                raise
 
 
 def free(kube: Kube, ref: str, *, uid: str) -> None:
     """Give back the slot ``uid`` holds (nothing when it holds none)."""
-    lease = kube.get(lease_path(ref))
-    holders = holders_of(lease)
-    if lease is None or not any(h.uid == uid for h in holders):
-        return
-    _write(kube, ref, lease, [h for h in holders if h.uid != uid])
+    for attempt in range(ATTEMPTS):
+        lease = kube.get(lease_path(ref))
+        holders = holders_of(lease)
+        if lease is None or not any(h.uid == uid for h in holders):
+            return
+        try:
+            _write(kube, ref, lease, [h for h in holders if h.uid != uid])
+            return
+        except Conflict:
+            if attempt == ATTEMPTS - 1:
+                raise

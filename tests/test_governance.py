@@ -939,13 +939,31 @@ def test_two_takes_racing_for_the_last_slot_one_is_refused() -> None:
     assert holders(kube) == ["a", "b"]
 
 
-def test_two_takes_racing_to_create_the_lease_one_is_refused() -> None:
+def test_two_takes_racing_to_create_the_lease_both_hold_a_slot_of_two() -> None:
     kube = MemoryKube()
-    with pytest.raises(Conflict):
-        race(kube, member("a"), member("b"), verb="POST")
-    assert holders(kube) == ["a"]
-    take_slot(kube, LEASE, limit=2, release=member("b"), stale=(), since=T0)
+    race(kube, member("a"), member("b"), verb="POST")  # b's create loses (409), b reads again and takes the 2nd
     assert holders(kube) == ["a", "b"]
+    posts = [p for v, p in kube.writes if v == "POST"]
+    assert len(posts) == 2 and len([v for v, _ in kube.writes if v == "PUT"]) == 1, kube.writes
+
+
+def test_two_takes_racing_to_create_the_lease_of_one_slot_one_is_refused() -> None:
+    kube = MemoryKube()
+    raced = False
+
+    def before(v: str, p: str) -> None:
+        nonlocal raced
+        if v == "POST" and not raced:
+            raced = True
+            take_slot(kube, LEASE, limit=1, release=member("a"), stale=(), since=T0)
+
+    kube.before = before
+    try:
+        with pytest.raises(Conflict, match="all 1 slots"):
+            take_slot(kube, LEASE, limit=1, release=member("b"), stale=(), since=T0)
+    finally:
+        kube.before = None
+    assert holders(kube) == ["a"]
 
 
 def test_free_gives_back_only_the_slot_held() -> None:

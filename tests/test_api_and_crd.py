@@ -155,3 +155,12 @@ def test_timestamps_are_stored_as_rfc3339_utc_to_the_millisecond() -> None:
     assert parse_time("not a time") is None and parse_time(None) is None
     with pytest.raises(ValidationError, match="timezone"):
         GreyReleaseStatus.model_validate({"phaseStartedAt": "2026-01-01T12:00:00"})
+
+
+def test_the_policy_sample_is_what_the_models_accept() -> None:
+    from greyrelease.api import GreyReleasePolicy
+
+    doc = yaml.safe_load((ROOT / "config/samples/greyrelease.io_v1_greyreleasepolicy.yaml").read_text())
+    policy = GreyReleasePolicy.model_validate(doc)
+    assert policy.spec.governs("shop", {}) and not policy.spec.governs("default", {})
+    assert policy.spec.concurrency is not None and policy.spec.concurrency.max_progressing == 2

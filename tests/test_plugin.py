@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,44 @@ def test_no_credentials_is_a_clear_error(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     assert plugin.main(["status", "web"]) == 1
     assert "no usable Kubernetes credentials" in capsys.readouterr().err
+
+
+def test_status_shows_the_time_left_for_an_approval_and_the_place_in_the_queue() -> None:
+    waiting = {**PROGRESSING, "batchState": "WaitingForApproval",
+               "approvalExpiresAt": (NOW + timedelta(hours=3, minutes=59, seconds=12)).isoformat()}  # fmt: skip
+    text = render_status(release(waiting), [], NOW)
+    assert "Approval:    3h59m12s left (until " in text, text
+    queued = {"phase": "Queued", "queuePosition": 2, "message": "position 2 in the queue of namespace shop"}
+    text = render_status(release(queued), [], NOW)
+    assert "Queue:       position 2" in text and "Approval:" not in text, text
+    ended = {**waiting, "phase": "Aborted"}
+    assert "Approval:" not in render_status(release(ended), [], NOW)
+
+
+def test_plan_from_a_start_time_follows_the_windows_and_freezes(tmp_path: Path) -> None:
+    doc = {
+        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": "web"},
+        "spec": {
+            "targetRef": {"name": "web"}, "targetVersion": "v2",
+            "batches": [{"replicas": 1, "pause": "2h"}, {"replicas": 5, "pause": "30m"}, {"replicas": 10}],
+            "windows": [{"days": ["Mon-Fri"], "start": "09:00", "end": "17:00", "timeZone": "Europe/Berlin"}],
+            "freezes": [{"from": "2026-12-07T00:00:00Z", "to": "2026-12-08T00:00:00Z", "reason": "board"}],
+        },
+    }  # fmt: skip
+    path = tmp_path / "web.yaml"
+    path.write_text(json.dumps(doc))
+    out = io.StringIO()
+    argv = ["plan", "-f", str(path), "--replicas", "10", "--start", "2026-12-04T15:30:00+01:00"]
+    assert plugin.main(argv, out=out) == 0
+    lines = out.getvalue().splitlines()
+    # Friday 15:30 in Berlin: batch 1 at once; its 2 h pause ends after 17:00, Monday is frozen: Tuesday 09:00.
+    assert [line.split()[5] for line in lines[2:5]] == [
+        "2026-12-04T15:30:00+01:00", "2026-12-08T09:00:00+01:00", "2026-12-08T09:30:00+01:00",
+    ], lines
+    assert lines[-1].startswith("earliest finish: 2026-12-08T09:30:00+01:00 (90h from the start"), lines
+
+
+def test_plan_refuses_an_unreadable_start(tmp_path: Path) -> None:
+    sample = ROOT / "config" / "samples" / "greyrelease.io_v1_greyrelease.yaml"
+    with pytest.raises(SystemExit, match="--start: 'monday' is not an RFC 3339 time"):
+        plugin.main(["plan", "-f", str(sample), "--replicas", "10", "--start", "monday"], out=io.StringIO())

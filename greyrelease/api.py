@@ -100,6 +100,17 @@ class _Camel(_Model):
     )
 
 
+def _with_rules(*rules: JsonDict) -> ConfigDict:
+    """The configuration of a model (as :class:`_Camel`) whose object carries CEL rules in the CRD."""
+    return ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=_camel,
+        json_schema_extra={"x-kubernetes-validations": list(rules)},
+    )
+
+
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 Replicas = Annotated[
     int | Annotated[str, Field(pattern=PERCENT_PATTERN, max_length=4)],
@@ -137,20 +148,12 @@ PAUSE_TEXT = Annotated[str, Field(pattern=DURATION_PATTERN + "|^manual$", max_le
 
 
 class Batch(_Camel):
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-        alias_generator=_camel,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.approval) || has(self.pause) && self.pause == 'manual'",
-                    "approval goes with pause: manual",
-                    ".approval",
-                )
-            ]
-        },
+    model_config = _with_rules(
+        _cel(
+            "!has(self.approval) || has(self.pause) && self.pause == 'manual'",
+            "approval goes with pause: manual",
+            ".approval",
+        )
     )
     replicas: Replicas
     weight: int | None = Field(
@@ -218,20 +221,12 @@ class GatewayRouting(_Camel):
 
 
 class TrafficRouting(_Camel):
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-        alias_generator=_camel,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "[has(self.service), has(self.nginx), has(self.gatewayAPI)]"
-                    ".filter(x, x).size() == 1",
-                    "exactly one of service, nginx or gatewayAPI must be set",
-                )
-            ]
-        },
+    model_config = _with_rules(
+        _cel(
+            "[has(self.service), has(self.nginx), has(self.gatewayAPI)]"
+            ".filter(x, x).size() == 1",
+            "exactly one of service, nginx or gatewayAPI must be set",
+        )
     )
     service: ServiceRouting | None = Field(None, description="Traffic follows the replica ratio of one Service.")
     nginx: NginxRouting | None = Field(None, description="Weights on an ingress-nginx canary Ingress.")
@@ -325,20 +320,12 @@ class Window(_Camel):
     """When batches may start: on these days, from start to end, local time in timeZone. An end before the
     start crosses midnight: the window opens on a listed day and closes on the day after."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-        alias_generator=_camel,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.start != self.end",
-                    "end must differ from start (an end before the start crosses midnight)",
-                    ".end",
-                )
-            ]
-        },
+    model_config = _with_rules(
+        _cel(
+            "self.start != self.end",
+            "end must differ from start (an end before the start crosses midnight)",
+            ".end",
+        )
     )
     days: list[Annotated[str, Field(pattern=DAY_PATTERN, max_length=7)]] = Field(
         min_length=1, max_length=7, description='Day names or ranges: ["Mon-Fri", "Sun"].'
@@ -376,13 +363,7 @@ class Window(_Camel):
 class Freeze(_Camel):
     """A period in which no batch starts (a holiday, an incident)."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-        alias_generator=_camel,
-        json_schema_extra={"x-kubernetes-validations": [_cel("self.to > self.from", "to must be after from", ".to")]},
-    )
+    model_config = _with_rules(_cel("self.to > self.from", "to must be after from", ".to"))
     from_: AwareDatetime = Field(alias="from", description="Starts (RFC 3339, with a zone: 2026-12-20T00:00:00Z).")
     to: AwareDatetime = Field(description="Ends (RFC 3339).")
     reason: str = Field("", max_length=256, description="Shown while a release waits for it.")
@@ -474,27 +455,19 @@ class GreyReleasePolicy(_Camel):
 
 
 class GreyReleaseSpec(_Camel):
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-        alias_generator=_camel,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.targetRef) != has(self.appName)",
-                    "exactly one of targetRef or appName must be set",
-                ),
-                _cel(
-                    "has(self.batches) != has(self.batchSize)",
-                    "exactly one of batches or batchSize (with canaryWeight) must be set",
-                ),
-                _cel(
-                    "has(self.batchSize) == has(self.canaryWeight)",
-                    "batchSize and canaryWeight go together",
-                ),
-            ]
-        },
+    model_config = _with_rules(
+        _cel(
+            "has(self.targetRef) != has(self.appName)",
+            "exactly one of targetRef or appName must be set",
+        ),
+        _cel(
+            "has(self.batches) != has(self.batchSize)",
+            "exactly one of batches or batchSize (with canaryWeight) must be set",
+        ),
+        _cel(
+            "has(self.batchSize) == has(self.canaryWeight)",
+            "batchSize and canaryWeight go together",
+        ),
     )
     target_ref: TargetRef | None = Field(None, description="The stable Deployment to release.")
     app_name: str | None = Field(

@@ -149,8 +149,9 @@ CASES: list[Case] = [
     Case("unknown-time-zone", "window timeZone: Mars/Olympus",
          with_(windows=[{"days": ["Mon"], "start": "09:00", "end": "17:00", "timeZone": "Mars/Olympus"}]),
          "invalid", "spec.windows[0].timeZone: Value error, unknown time zone"),
-    Case("after-itself", "after: [{name: hostile}] (itself)",
-         with_(after=[{"name": "hostile"}]), "invalid", "spec.after: a cycle of releases waiting for each other"),
+    Case("after-itself", "a release named loop with after: [{name: loop}]",
+         with_(after=[{"name": "loop"}]), "invalid", "spec.after: a cycle of releases waiting for each other: "
+         "loop -> loop", name="loop"),
     Case("app-name-matches-none", "appName labels no Deployment",
          with_(targetRef=None, appName="nothing"), "invalid", "spec.appName: no Deployment"),
     Case("app-name-matches-two", "appName labels two Deployments",

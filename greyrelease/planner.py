@@ -640,12 +640,9 @@ def _wait(p: _Pass, message: str, until: datetime | None, *, state: BatchState |
 def _between(p: _Pass) -> Then:
     """Done (Waiting, or Progressing after a pause): the batch passed; start the next one once a window
     is open. ``promote=full`` is never held; ``promote=next`` is the approval the batch already had."""
-    b = _batch(p)
+    b = _live_batch(p)
     if not isinstance(b, _Batch):
         return b
-    if _paused(p.spec, p.world):
-        return _pause(p, b)
-    _count(p, b)
     canary = p.world.canary
     if canary is None or canary.deleting:
         return _canary_lost(p, b)
@@ -702,6 +699,18 @@ def _batch(p: _Pass) -> _Batch | Then:
     return _Batch(target, steps, steps[k - 1], target_image(st.restore.image, p.spec.target_version))
 
 
+def _live_batch(p: _Pass) -> _Batch | Then:
+    """The current batch for a handler that may move it on: as :func:`_batch`, paused instead when a pause
+    is asked for, and with the batch numbers in the status following the plan."""
+    b = _batch(p)
+    if not isinstance(b, _Batch):
+        return b
+    if _paused(p.spec, p.world):
+        return _pause(p, b)
+    _count(p, b)
+    return b
+
+
 def _target(p: _Pass) -> Workload | Then:
     """The target Deployment; when it is gone, the rollback planned instead."""
     target = p.world.target
@@ -745,14 +754,11 @@ def _on_pause(p: _Pass) -> Then:
 
 def _upscale(p: _Pass) -> Then:
     """Upscaling: grow the canary to the batch's size; once it is ready, move the traffic (live)."""
-    b = _batch(p)
+    b = _live_batch(p)
     if not isinstance(b, _Batch):
         return b
-    if _paused(p.spec, p.world):
-        return _pause(p, b)
     st, step = p.status, b.step
     k = step.number
-    _count(p, b)
     canary, target = p.world.canary, p.world.target
     assert target is not None
     if canary is None or canary.deleting or not canary.rolled_out(step.canary_replicas, b.image):
@@ -829,14 +835,11 @@ def _hold_message(b: _Batch, next_check: datetime | None, expires: datetime | No
 def _verify(p: _Pass) -> Then:
     """Verifying (or WaitingForApproval): the batch is live; wait for its pause, its gate or an
     approval, then move on."""
-    b = _batch(p)
+    b = _live_batch(p)
     if not isinstance(b, _Batch):
         return b
-    if _paused(p.spec, p.world):
-        return _pause(p, b)
     st, step = p.status, b.step
     k, n = step.number, len(b.steps)
-    _count(p, b)
     canary = p.world.canary
     if canary is None or canary.deleting:
         return _canary_lost(p, b)

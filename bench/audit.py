@@ -15,9 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-from e2e.harness import controlplane
 from e2e.harness.controlplane import AUDIT_QUIET_USERS, LocalCluster
 from e2e.reliability import WRITE_VERBS, parse_time
 
@@ -42,13 +40,10 @@ def write_audit_policy_with_reads(path: Path) -> Path:
 
 
 class AuditedCluster(LocalCluster):
-    """A LocalCluster whose API server also audits reads. The harness builds the API server's arguments
-    in one method with its policy writer inline, so the writer is swapped for the duration of that call
-    (restarts of the API server go through the same method)."""
+    """A LocalCluster whose API server also audits reads (restarts of the API server use the same policy)."""
 
-    def _start_apiserver(self, deadline: float) -> None:
-        with mock.patch.object(controlplane, "write_audit_policy", write_audit_policy_with_reads):
-            super()._start_apiserver(deadline)
+    def audit_policy(self, path: Path) -> Path:
+        return write_audit_policy_with_reads(path)
 
 
 def _events(log_dir: Path) -> Iterable[dict[str, Any]]:

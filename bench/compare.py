@@ -18,12 +18,18 @@ controller process watching every namespace with its leader election on:
    controller needed to read them), held at the first pause, aborted: from the write to the canary
    Ingress' ``canary-weight`` being 0.
 
+Before the sizes, the abort cut-off on real requests (``--cutoff-aborts``, 10 by default): the data plane
+of the e2e tests (Traefik, pods that answer HTTP on their own addresses) is started for that stage only; one
+app of 4 answering pods behind an Ingress of class traefik takes 100 requests/s, is released to 1 canary
+pod of 4 and aborted, 10 times per controller: from the abort write (its receipt in the API server's audit
+log) to the send time of the last request a canary pod answered (``run_cutoff``).
+
 Every time is taken by this process from watches (the same probe for both controllers): the lag of the
 step after the 2 s pause is (advance seen) - (pause seen) - 2 s, completion is the last release seen
 done. The controller's CPU and RSS come from /proc, its API requests from the API server's audit log by
 User-Agent (bench/audit.py, which also logs reads).
 
-Usage: python -m bench.compare --sizes 100 500 1000 [--out bench/COMPARISON.md]
+Usage: python -m bench.compare --sizes 100 500 1000 [--cutoff-aborts 10] [--out bench/COMPARISON.md]
 """
 
 from __future__ import annotations
@@ -45,8 +51,10 @@ from typing import Any
 
 from e2e.controller import CRD, POLICY_CRD
 from e2e.harness.controlplane import LocalCluster
+from e2e.harness.dataplane import INGRESS_CLASS, DataPlane, serving_gate
 from e2e.harness.process import free_port
-from e2e.reliability import parse_time
+from e2e.load import Load
+from e2e.reliability import audited_writes, parse_time
 from greyrelease.kubeclient import ApiError, KubeClient, path
 
 from bench import audit
@@ -61,6 +69,7 @@ IMAGE = "registry.example/app:"
 ARGO_VERSION = os.environ.get("ARGO_VERSION", "1.10.2")
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.37.2")
 NGINX = "nginx.ingress.kubernetes.io"
+GRACE_SECONDS = 5  # an answering pod's termination grace: how long a deleted one keeps answering
 
 
 def now() -> datetime:
@@ -223,9 +232,10 @@ class IngressProbe:
 # --- the two controllers ------------------------------------------------------------------------------
 
 
-def service(name: str, selector: dict[str, str]) -> dict[str, Any]:
+def service(name: str, selector: dict[str, str], answering: bool = False) -> dict[str, Any]:
+    port: dict[str, Any] = {"port": 80, "targetPort": "http", "name": "http"} if answering else {"port": 80}
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": selector, "ports": [{"port": 80}]}}  # fmt: skip
+            "spec": {"selector": selector, "ports": [port]}}  # fmt: skip
 
 
 def ingress(name: str) -> dict[str, Any]:
@@ -235,9 +245,25 @@ def ingress(name: str) -> dict[str, Any]:
                 "paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}]}}  # fmt: skip
 
 
-def template(name: str, version: str) -> dict[str, Any]:
-    return {"metadata": {"labels": {"app": name}},
-            "spec": {"containers": [{"name": "app", "image": IMAGE + version}]}}  # fmt: skip
+def template(name: str, version: str, answering: bool = False) -> dict[str, Any]:
+    """The app's pod template; an answering app's pods answer HTTP on port 8080 through the data plane
+    (Ready only once they do, and answering for 5 s after their deletion), as e2e/harness/dataplane.py's."""
+    spec: dict[str, Any] = {"containers": [{"name": "app", "image": IMAGE + version}]}
+    if answering:
+        spec["containers"][0]["ports"] = [{"containerPort": 8080, "name": "http"}]
+        spec |= {"readinessGates": [serving_gate()], "terminationGracePeriodSeconds": GRACE_SECONDS}
+    return {"metadata": {"labels": {"app": name}}, "spec": spec}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An app: its replicas, and whether its pods answer HTTP (the cut-off on real requests)."""
+
+    replicas: int = 2
+    answering: bool = False
+
+
+APP = Shape()
 
 
 @dataclass
@@ -254,11 +280,18 @@ class Contender:
     def start(self, cluster: LocalCluster, log: Path) -> subprocess.Popen[bytes]:
         raise NotImplementedError
 
-    def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool) -> None:
+    def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool, shape: Shape = APP) -> None:
         raise NotImplementedError
 
-    def release(self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool) -> None:
+    def release(
+        self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool, shape: Shape = APP
+    ) -> None:
+        """From the current version to ``version``: 1 pod of ``shape.replicas`` (or that weight), a 2 s pause
+        (``hold``: a pause without end), then all pods, then promotion."""
         raise NotImplementedError
+
+    def after_abort(self, kube: KubeClient, ns: str, name: str) -> None:
+        """Whatever lets the app be released again once its release was aborted."""
 
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
         raise NotImplementedError
@@ -295,8 +328,9 @@ class GreyReleaseContender(Contender):
             self.command, cwd=ROOT, env=cluster.env, stdout=log.open("wb"), stderr=subprocess.STDOUT
         )
 
-    def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool) -> None:
-        spec = {"replicas": 2, "selector": {"matchLabels": {"app": name}}, "template": template(name, "v1")}
+    def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool, shape: Shape = APP) -> None:
+        spec = {"replicas": shape.replicas, "selector": {"matchLabels": {"app": name}},
+                "template": template(name, "v1", shape.answering)}  # fmt: skip
         dep = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -304,13 +338,16 @@ class GreyReleaseContender(Contender):
             "spec": spec,
         }
         kube.create(path("apps", "v1", "deployments", ns), dep)
-        kube.create(path("", "v1", "services", ns), service(name, {"app": name}))
+        kube.create(path("", "v1", "services", ns), service(name, {"app": name}, shape.answering))
         if nginx:
             kube.create(path("networking.k8s.io", "v1", "ingresses", ns), ingress(name))
 
-    def release(self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool) -> None:
+    def release(
+        self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool, shape: Shape = APP
+    ) -> None:
         first = {"replicas": 1, "pause": "manual" if hold else f"{PAUSE:g}s"}
-        spec = {"targetRef": {"name": name}, "targetVersion": version, "batches": [first, {"replicas": 2}],
+        batches = [first, {"replicas": shape.replicas}]
+        spec = {"targetRef": {"name": name}, "targetVersion": version, "batches": batches,
                 "trafficRouting": {"nginx": {"ingress": name, "stableService": name}} if nginx
                 else {"service": {"name": name}}}  # fmt: skip
         coll = self.collection(ns)
@@ -324,6 +361,14 @@ class GreyReleaseContender(Contender):
 
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
         kube.patch(f"{self.collection(ns)}/{name}", {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}})
+
+    def after_abort(self, kube: KubeClient, ns: str, name: str) -> None:
+        """An aborted GreyRelease stays Aborted: it is deleted (its cleanup removes the canary) and the
+        next release is a new one."""
+        release = f"{self.collection(ns)}/{name}"
+        wait(lambda: ((kube.get(release) or {}).get("status") or {}).get("phase") == "Aborted", 60, "Aborted", 0.5)
+        kube.delete(release)
+        wait(lambda: kube.get(release) is None, 60, f"GreyRelease {name} deleted", 0.5)
 
     def collection(self, ns: str) -> str:
         return path("greyrelease.io", "v1", "greyreleases", ns)
@@ -360,8 +405,10 @@ class GreyReleaseContender(Contender):
         return __version__
 
 
-def argo_steps(hold: bool) -> list[dict[str, Any]]:
-    return [{"setWeight": 50}, {"pause": {} if hold else {"duration": f"{PAUSE:g}s"}}, {"setWeight": 100}]
+def argo_steps(hold: bool, replicas: int = 2) -> list[dict[str, Any]]:
+    """1 pod of ``replicas`` (without a traffic router Argo splits by replicas), the pause, then all."""
+    pause = {} if hold else {"duration": f"{PAUSE:g}s"}
+    return [{"setWeight": round(100 / replicas)}, {"pause": pause}, {"setWeight": 100}]
 
 
 class ArgoContender(Contender):
@@ -382,23 +429,26 @@ class ArgoContender(Contender):
             self.command, cwd=ROOT, env=cluster.env, stdout=log.open("wb"), stderr=subprocess.STDOUT
         )
 
-    def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool) -> None:
-        canary: dict[str, Any] = {"steps": argo_steps(hold=False)}
+    def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool, shape: Shape = APP) -> None:
+        canary: dict[str, Any] = {"steps": argo_steps(False, shape.replicas)}
         if nginx:
             canary.update(
                 canaryService=f"{name}-canary", stableService=name, trafficRouting={"nginx": {"stableIngress": name}}
             )
         ro = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": name},
-              "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}}, "template": template(name, "v1"),
-                       "strategy": {"canary": canary}}}  # fmt: skip
-        kube.create(path("", "v1", "services", ns), service(name, {"app": name}))
+              "spec": {"replicas": shape.replicas, "selector": {"matchLabels": {"app": name}},
+                       "template": template(name, "v1", shape.answering), "strategy": {"canary": canary}}}  # fmt: skip
+        kube.create(path("", "v1", "services", ns), service(name, {"app": name}, shape.answering))
         if nginx:
             kube.create(path("", "v1", "services", ns), service(f"{name}-canary", {"app": name}))
             kube.create(path("networking.k8s.io", "v1", "ingresses", ns), ingress(name))
         kube.create(self.collection(ns), ro)
 
-    def release(self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool) -> None:
-        patch = {"spec": {"template": template(name, version), "strategy": {"canary": {"steps": argo_steps(hold)}}}}
+    def release(
+        self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool, shape: Shape = APP
+    ) -> None:
+        patch = {"spec": {"template": template(name, version, shape.answering),
+                          "strategy": {"canary": {"steps": argo_steps(hold, shape.replicas)}}}}  # fmt: skip
         kube.patch(f"{self.collection(ns)}/{name}", patch)
 
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
@@ -639,6 +689,124 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
             wait(lambda: kube.get(gone) is None, 900, f"namespace {namespace} gone", 2)  # noqa: B023 - called at once
 
 
+
+# --- the abort cut-off on real requests ----------------------------------------------------------------------
+
+CUT_RATE = 100.0  # requests/s through Traefik: what e2e/test_traffic.py keeps on this 2-core machine
+CUT_ABORTS = 10
+CUT_QUIET = 1.5  # seconds without a canary answer after which the cut is taken as done
+CUT_SHAPE = Shape(replicas=4, answering=True)
+
+
+def first_write(
+    cluster: LocalCluster, ns: str, t0: float, resources: tuple[str, ...], agents: tuple[str, ...]
+) -> float | None:
+    """When the API server received the first successful write to one of ``resources`` in ``ns`` by one of
+    ``agents`` at or after ``t0`` (its audit log)."""
+    since = datetime.fromtimestamp(t0, UTC)
+    for w in audited_writes(cluster, namespace=ns, agents=agents, since=since):
+        if w.resource in resources and 200 <= w.code < 300:
+            return w.at.timestamp()
+    return None
+
+
+def run_cutoff(
+    c: Contender, cluster: LocalCluster, kube: KubeClient, dataplane: DataPlane, workdir: Path, aborts: int
+) -> dict[str, Any]:
+    """One app of 4 answering pods behind an Ingress of class traefik (its Service selects every pod: the
+    replica-ratio mode both controllers have), ``CUT_RATE`` requests/s through Traefik; ``aborts`` times:
+    release it, hold it at 1 canary pod of 4, wait for canary answers, abort. The cut-off is from the
+    abort write (received by the API server, from its audit log) to the send time of the last request a
+    canary pod answered, broken down into the controller's first write (a Service for GreyRelease, a
+    ReplicaSet for Argo), the canary gone from the EndpointSlices, and the proxy's part."""
+    ns, name = f"cut-{c.key}", "web"
+    host = f"{name}.{ns}.example"
+    new_namespace(cluster, kube, ns)
+    proc = c.start(cluster, workdir / f"{c.key}-cutoff.log")
+    watches: list[Watch] = []
+    cuts: list[float] = []
+    parts: list[dict[str, float]] = []
+    try:
+        tracker = Tracker(c.progress)
+        endpoints = EndpointProbe()
+        for collection, probe in ((c.collection(ns), tracker),
+                                  (path("discovery.k8s.io", "v1", "endpointslices", ns), endpoints)):  # fmt: skip
+            watches.append(Watch(kube, collection, probe))
+            watches[-1].start()
+            watches[-1].listed.wait(30)
+        c.create_app(kube, ns, name, False, CUT_SHAPE)
+        front = {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": name},
+                 "spec": {"ingressClassName": INGRESS_CLASS, "rules": [{"host": host, "http": {"paths": [
+                     {"path": "/", "pathType": "Prefix",
+                      "backend": {"service": {"name": name, "port": {"number": 80}}}}]}}]}}  # fmt: skip
+        kube.create(path("networking.k8s.io", "v1", "ingresses", ns), front)
+        wait(lambda: c.initial_done(tracker, [name]) and pods_settled(kube, ns, CUT_SHAPE.replicas), 120,
+             "the app ready", 1)  # fmt: skip
+        with Load(dataplane.gateway_url, CUT_RATE, host=host) as load:
+            wait(lambda: any(r.status == 200 for r in load.records), 60, f"{host} answered through Traefik", 0.5)
+            for i in range(aborts):
+                version = f"v{i + 2}"
+                image = IMAGE + version
+                c.release(kube, ns, name, version, True, False, CUT_SHAPE)
+                wait(lambda v=version: tracker.count([name], v, "paused") == 1, 120, f"{version} held", 0.5)
+                seen = time.time()
+                wait(lambda s=seen, im=image: sum(1 for r in load.records if r.sent >= s and r.image == im) >= 10,
+                     60, f"{version}: canary answers", 0.2)  # fmt: skip
+                endpoints.canaries = canary_pods(kube, ns, version)
+                endpoints.cut.pop(name, None)
+                endpoints.arm(name)
+                t0 = time.time()
+                c.abort(kube, ns, name)
+                # Until no canary answer for CUT_QUIET s: every request routed before the cut is answered.
+                wait(lambda im=image: time.time() - max((r.sent for r in load.records if r.image == im),
+                                                         default=0.0) > CUT_QUIET, 60, "no more canary answers",
+                     0.2)  # fmt: skip
+                final = max(r.sent for r in load.records if r.image == image)
+                written = first_write(cluster, ns, t0, ("greyreleases", "rollouts"), ("bench-compare",))
+                if written is None:
+                    raise RuntimeError(f"{c.title}: no abort write in the audit log")
+                own = first_write(cluster, ns, written, ("services", "replicasets", "deployments"), c.agents)
+                gone = endpoints.cut.get(name)
+                cuts.append(final - written)
+                part = {"controller write": (own or written) - written,
+                        "EndpointSlice update": (gone or final) - (own or written),
+                        "proxy": final - (gone or final)}  # fmt: skip
+                parts.append(part)
+                print(f"{c.title} abort {i + 1}: last canary answer {final - written:.3f} s after the abort write ("
+                      + ", ".join(f"{k} {v:.3f} s" for k, v in part.items()) + ")", flush=True)
+                c.after_abort(kube, ns, name)
+                wait(lambda: pods_settled(kube, ns, CUT_SHAPE.replicas), 120, "back to the stable pods", 1)
+                time.sleep(1)
+            records = load.stop()
+        failed = [r for r in records if r.failed]
+        out: dict[str, Any] = {
+            "controller": c.key,
+            "aborts": len(cuts),
+            "rate": CUT_RATE,
+            "cut_p50_s": round(pct(cuts, 50), 3),
+            "cut_p99_s": round(pct(cuts, 99), 3),
+            "cut_max_s": round(max(cuts), 3),
+            "requests": len(records),
+            "failed": len(failed),
+        }
+        for key in parts[0]:
+            out[f"{key}_p50_s"] = round(pct([p[key] for p in parts], 50), 3)
+        return out
+    finally:
+        for w in watches:
+            w.stop()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        try:
+            c.cleanup(kube, ns)
+            kube.delete(path("", "v1", "namespaces", name=ns))
+        except ApiError as exc:
+            print(f"cleaning {ns}: {exc}", file=sys.stderr)
+
+
 # --- the report ---------------------------------------------------------------------------------------------
 
 ROWS: list[tuple[str, str, str]] = [
@@ -668,6 +836,23 @@ ROWS: list[tuple[str, str, str]] = [
 ]
 
 
+CUTOFF = "cutoff"  # comparison.json's key of the cut-off on real requests (the other keys are the sizes)
+CUT_ROWS: list[tuple[str, str, str]] = [
+    ("cut_p50_s", "abort write -> last request answered by a canary pod, p50", "s"),
+    ("cut_p99_s", "abort write -> last request answered by a canary pod, p99", "s"),
+    ("cut_max_s", "abort write -> last request answered by a canary pod, max", "s"),
+    ("controller write_p50_s", "of which: abort write -> the controller's first write (p50)", "s"),
+    ("EndpointSlice update_p50_s", "of which: -> the canary out of the EndpointSlices (p50)", "s"),
+    ("proxy_p50_s", "of which: -> the last canary answer, Traefik's part (p50)", "s"),
+    ("failed", "requests failed (of all sent during the aborts)", ""),
+    ("requests", "requests sent", ""),
+]
+
+
+def sizes(runs: dict[str, Any]) -> list[str]:
+    return sorted((k for k in runs if k.isdigit()), key=int)
+
+
 def ratio(a: Any, b: Any) -> str:
     """a / b; none where it means nothing (a figure missing or below 0, such as a pause ended early)."""
     if not isinstance(a, int | float) or not isinstance(b, int | float) or a < 0 or b < 0:
@@ -677,14 +862,72 @@ def ratio(a: Any, b: Any) -> str:
     return f"{a / b:.2f}"
 
 
-def table(pair: dict[str, dict[str, Any]]) -> list[str]:
+def table(pair: dict[str, dict[str, Any]], rows: list[tuple[str, str, str]] = ROWS) -> list[str]:
     gr, argo = pair.get("greyrelease", {}), pair.get("argo", {})
     lines = ["| figure | GreyRelease | Argo Rollouts | ratio GR / Argo |", "| --- | --- | --- | --- |"]
-    for key, label, unit in ROWS:
+    for key, label, unit in rows:
         a, b = gr.get(key, "-"), argo.get(key, "-")
         u = f" {unit}" if unit else ""
         lines.append(f"| {label} | {a}{u if a != '-' else ''} | {b}{u if b != '-' else ''} | {ratio(a, b)} |")
     return lines
+
+
+EXTRAPOLATE_TO = 10_000
+MEMORY_GOAL_MIB = 1024  # GreyRelease's goal: at most 1 GiB at 10,000 releases in one process
+
+
+def memory_fit(runs: dict[str, Any], who: str) -> tuple[float, float, list[int]] | None:
+    """Peak RSS during the releases as a line in N (least squares over the measured sizes of 100 and up,
+    where the process' fixed size no longer dominates): (MiB at N = 0, KiB per release, the sizes used)."""
+    points = [(int(n), runs[n]["results"][who]["peak_rss_release_mib"]) for n in sizes(runs)
+              if int(n) >= 100 and "peak_rss_release_mib" in runs[n]["results"].get(who, {})]  # fmt: skip
+    if len({n for n, _ in points}) < 2:
+        return None
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_m = sum(m for _, m in points) / len(points)
+    slope = sum((n - mean_n) * (m - mean_m) for n, m in points) / sum((n - mean_n) ** 2 for n, _ in points)
+    return mean_m - slope * mean_n, slope * 1024, [n for n, _ in points]
+
+
+def memory_section(runs: dict[str, Any]) -> list[str]:
+    fits = {who: memory_fit(runs, who) for who in ("greyrelease", "argo")}
+    if not any(fits.values()):
+        return []
+    lines = [
+        f"### Memory at scale: extrapolated to N = {EXTRAPOLATE_TO:,}",
+        "",
+        "Peak RSS during the releases, fitted as a line in N over the measured sizes of 100 and up (least "
+        "squares), then extended. The slope is the memory each release adds; the intercept is the process' "
+        f"fixed size. GreyRelease's goal: at most {MEMORY_GOAL_MIB} MiB at {EXTRAPOLATE_TO:,} releases.",
+        "",
+        "| figure | GreyRelease | Argo Rollouts | ratio GR / Argo |",
+        "| --- | --- | --- | --- |",
+    ]
+    cells: dict[str, tuple[Any, ...]] = {}
+    for label, pick in (
+        ("sizes fitted", lambda f: " / ".join(map(str, f[2]))),
+        ("memory per release (slope)", lambda f: round(f[1], 1)),
+        ("fixed size (intercept)", lambda f: round(f[0], 1)),
+        (f"peak RSS at N = {EXTRAPOLATE_TO:,}, extrapolated", lambda f: round(f[0] + f[1] * EXTRAPOLATE_TO / 1024)),
+    ):
+        cells[label] = tuple(pick(fits[w]) if fits[w] else "-" for w in ("greyrelease", "argo"))
+    units = {"memory per release (slope)": " KiB", "fixed size (intercept)": " MiB"}
+    units[f"peak RSS at N = {EXTRAPOLATE_TO:,}, extrapolated"] = " MiB"
+    for label, (a, b) in cells.items():
+        u = units.get(label, "")
+        r = ratio(a, b) if u else "-"
+        lines.append(f"| {label} | {a}{u if a != '-' else ''} | {b}{u if b != '-' else ''} | {r} |")
+    gr = fits["greyrelease"]
+    if gr:
+        at = gr[0] + gr[1] * EXTRAPOLATE_TO / 1024
+        verdict = "within" if at <= MEMORY_GOAL_MIB else "over"
+        lines += ["", f"GreyRelease at {EXTRAPOLATE_TO:,} releases, extrapolated: {at:.0f} MiB, {verdict} the "
+                      f"{MEMORY_GOAL_MIB} MiB goal."]  # fmt: skip
+    return [*lines, ""]
+
+
+def cutoff_table(pair: dict[str, dict[str, Any]]) -> list[str]:
+    return table(pair, CUT_ROWS)
 
 
 def write_report(runs: dict[str, Any], out: Path) -> None:
@@ -692,7 +935,19 @@ def write_report(runs: dict[str, Any], out: Path) -> None:
     outside the markers is kept."""
     begin, end = "<!-- measured: begin (bench/compare.py writes this part) -->", "<!-- measured: end -->"
     lines = [begin, ""]
-    for n in sorted(runs, key=int):
+    cut = runs.get(CUTOFF)
+    if cut:
+        lines += [
+            "### The abort cut-off on real requests",
+            "",
+            f"Measured {cut['date']} at commit `{cut['commit']}`, `{cut['command']}`: one app of 4 answering pods "
+            f"behind an Ingress of class traefik, {cut['rate']:g} requests/s through Traefik, released to 1 "
+            f"canary pod of 4 and aborted, {cut['aborts']} times per controller.",
+            "",
+            *cutoff_table(cut["results"]),
+            "",
+        ]
+    for n in sizes(runs):
         run = runs[n]
         lines += [
             f"### N = {n}",
@@ -712,6 +967,7 @@ def write_report(runs: dict[str, Any], out: Path) -> None:
         lines.append("")
         commands = {k: " ".join(r["command"]) for k, r in run["results"].items()}
         lines += [f"Run as: {', '.join(f'`{v}`' for v in commands.values())}; versions: {run['versions']}.", ""]
+    lines += memory_section(runs)
     lines.append(end)
     text = out.read_text() if out.exists() else f"# GreyRelease and Argo Rollouts side by side\n\n{begin}\n{end}\n"
     head, _, rest = text.partition(begin)
@@ -729,7 +985,7 @@ def plot(runs: dict[str, Any], png: Path) -> None:
     except ImportError:
         print("matplotlib not installed: no PNG", file=sys.stderr)
         return
-    sizes = sorted(runs, key=int)
+    measured = sizes(runs)
     panels = [
         ("abort_p99_s", "abort p99, replica ratio (s)"),
         ("abort_nginx_p99_s", "abort p99, nginx Ingress (s)"),
@@ -741,11 +997,11 @@ def plot(runs: dict[str, Any], png: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
     width = 0.38
     for ax, (key, title) in zip(axes.flat, panels, strict=True):
-        xs = range(len(sizes))
+        xs = range(len(measured))
         for i, (who, label) in enumerate((("greyrelease", "GreyRelease"), ("argo", "Argo Rollouts"))):
-            vals = [runs[s]["results"].get(who, {}).get(key, float("nan")) for s in sizes]
+            vals = [runs[s]["results"].get(who, {}).get(key, float("nan")) for s in measured]
             ax.bar([x + (i - 0.5) * width for x in xs], vals, width, label=label)
-        ax.set_xticks(list(xs), [f"N = {s}" for s in sizes])
+        ax.set_xticks(list(xs), [f"N = {s}" for s in measured])
         ax.set_title(title, fontsize=10)
     axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
@@ -774,7 +1030,9 @@ def argo_crds() -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 500, 1000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100, 500, 1000])
+    parser.add_argument("--cutoff-aborts", type=int, default=CUT_ABORTS,
+                        help="aborts per controller on real requests, before the sizes (0: none)")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "bench" / "COMPARISON.md"))
     parser.add_argument("--only", choices=("greyrelease", "argo"), help="run one controller (for trying the harness)")
     args = parser.parse_args()
@@ -785,6 +1043,7 @@ def main() -> int:
     contenders: list[Contender] = [GreyReleaseContender(), ArgoContender(binary)]
     contenders = [c for c in contenders if args.only in (None, c.key)]
     command = "python -m bench.compare --sizes " + " ".join(map(str, args.sizes))
+    command += f" --cutoff-aborts {args.cutoff_aborts}"
     commit = git_commit()  # before this run writes its results
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-compare-"))
     out = Path(args.out)
@@ -810,6 +1069,22 @@ def main() -> int:
             new_namespace(cluster, kube, c.lease_namespace)
         versions = ", ".join(f"{c.title}: {c.version()}" for c in contenders)
         versions += f", Kubernetes v{K8S_VERSION} (local control plane, KWOK nodes)"
+        if args.cutoff_aborts > 0:
+            # Traefik and the pods' responders run for this stage only: the sizes are measured without them.
+            dataplane = DataPlane(cluster, workdir / "dataplane")
+            dataplane.start()
+            try:
+                cut: dict[str, Any] = {}
+                for c in contenders:
+                    print(f"the abort cut-off on real requests, {c.title} ...", flush=True)
+                    cut[c.key] = run_cutoff(c, cluster, kube, dataplane, workdir, args.cutoff_aborts)
+                    print(json.dumps(cut[c.key]), flush=True)
+            finally:
+                dataplane.stop()
+            runs[CUTOFF] = {"date": f"{now():%Y-%m-%d}", "commit": commit, "command": command, "versions": versions,
+                            "rate": CUT_RATE, "aborts": args.cutoff_aborts, "results": cut}  # fmt: skip
+            json_path.write_text(json.dumps(runs, indent=2) + "\n")
+            write_report(runs, out)
         for n in args.sizes:
             results: dict[str, Any] = {}
             for c in contenders:

@@ -218,6 +218,11 @@ def _https_get(url: str, context: ssl.SSLContext, timeout: float = 2.0) -> tuple
 class LocalCluster(Cluster):
     """Starts and stops the control plane processes in `workdir` (removed by stop())."""
 
+    def audit_policy(self, path: Path) -> Path:
+        """Writes the API server's audit policy to ``path`` and returns it; a subclass may write another
+        (bench/audit.py's adds reads)."""
+        return write_audit_policy(path)
+
     def __init__(self, workdir: Path, binaries: Path | None = None) -> None:
         self.workdir = workdir
         self.bin = binaries or bin_dir()
@@ -411,7 +416,7 @@ class LocalCluster(Cluster):
             "--event-ttl=1h",
             # Writes only, with the request body (e2e/reliability.py counts the controller's writes by
             # user agent); see write_audit_policy() for what is left out.
-            f"--audit-policy-file={write_audit_policy(self.workdir / 'audit-policy.yaml')}",
+            f"--audit-policy-file={self.audit_policy(self.workdir / 'audit-policy.yaml')}",
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",
             "--audit-log-maxsize=200",

@@ -250,6 +250,7 @@ class _Pass:
     def __init__(self, spec: GreyReleaseSpec, status: GreyReleaseStatus, world: Observed, now: datetime) -> None:
         self.spec = spec
         self.status = status
+        self.recorded = status  # the status as this pass found it recorded
         self._world = world
         self._unseen: list[Action] = []  # planned, not yet projected onto _world
         self.now = now
@@ -783,6 +784,12 @@ def _go_live(p: _Pass, b: _Batch) -> Then:
     """The canary is ready: the stable takes the batch's size and the canary the batch's traffic."""
     step, target = b.step, p.world.target
     assert target is not None
+    if target.replicas > step.stable_replicas and p.recorded.restore.replicas is None:
+        # The stable's size before the release is known only from the status once that is written. A
+        # controller killed after shrinking the stable but before the write would, on resuming, take the
+        # shrunk size for the original and promote to it: the first shrink waits for the next pass.
+        p.again(0)
+        return WAIT
     if target.replicas != step.stable_replicas:
         p.act(ScaleStable(step.stable_replicas))
     p.act(SetWeight(step.weight, step.header_match))

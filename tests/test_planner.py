@@ -674,6 +674,24 @@ def test_resume_after_restart_never_skips_or_repeats_a_batch(label: str, world: 
     assert world.stable is not None and world.stable.image == "app:v2" and world.canary is None
 
 
+@pytest.mark.parametrize("lost", [2, 3])
+@pytest.mark.parametrize(("label", "world"), _snapshots()[:8], ids=[s[0] for s in _snapshots()[:8]])
+def test_status_writes_lost_in_a_row_never_lose_the_stable_s_size(label: str, world: World, lost: int) -> None:
+    """Killed again and again after acting but before recording (a burst of passes after a restart is
+    where kills land): the stable's size before the release is not taken from a stable the release had
+    already shrunk, so the promotion gives it back its full size."""
+    before = world.status
+    for _ in range(lost):
+        plan = decide(world.spec, before, world.observed(), world.now)
+        world.acting = plan.status
+        for action in plan.actions:
+            world.apply(action)
+    world.status = before
+    world.run(until={"Succeeded"}, tick=20)
+    assert world.stable is not None and world.stable.image == "app:v2"
+    assert world.stable.replicas == 10 and world.status.stable_replicas == 10
+
+
 def test_decide_is_pure() -> None:
     w = started(World(spec(trafficRouting=SERVICE)))
     a = decide(w.spec, w.status, w.observed(), w.now)

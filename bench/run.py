@@ -283,10 +283,11 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
     if PROFILE:
         # Sampled from outside the process: what the controller spends its CPU on (collapsed stacks).
         # --nonblocking: py-spy reads the process without pausing it (pausing it 50 times a second put the
-        # lag p99 at N = 500 at 3.5-29.6 s, which measured the profiler); idle threads are left out (its
-        # default), so the pool's waiting threads do not drown the samples.
+        # lag p99 at N = 500 at 3.5-29.6 s, which measured the profiler). --gil: only the thread holding
+        # the GIL is sampled, the one running Python; without it the pool's waiting threads took 67-81 % of
+        # the samples although py-spy leaves idle threads out by default.
         spy = subprocess.Popen(
-            ["py-spy", "record", "--nonblocking", "--pid", str(proc.pid), "--format", "raw", "--rate", "50",
+            ["py-spy", "record", "--nonblocking", "--gil", "--pid", str(proc.pid), "--format", "raw", "--rate", "50",
              "--output", str(workdir / f"profile-{n}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

@@ -531,6 +531,23 @@ def abort_all(
     return written, started
 
 
+def stop_controller(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def drop_namespace(c: Contender, kube: KubeClient, ns: str) -> None:
+    """Deletes the namespace (after whatever would hold it up once the controller is gone); does not wait."""
+    try:
+        c.cleanup(kube, ns)
+        kube.delete(path("", "v1", "namespaces", name=ns))
+    except ApiError as exc:
+        print(f"cleaning {ns}: {exc}", file=sys.stderr)
+
+
 def latencies(written: dict[str, float], cut: dict[str, float]) -> list[float]:
     return [cut[name] - t for name, t in written.items() if name in cut]
 
@@ -673,17 +690,9 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
             w.stop()
         for s in (stats, kcm, apiserver):
             s.stop()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_controller(proc)
         for namespace in (ns, ns_nginx):
-            try:
-                c.cleanup(kube, namespace)
-                kube.delete(path("", "v1", "namespaces", name=namespace))
-            except ApiError as exc:
-                print(f"cleaning {namespace}: {exc}", file=sys.stderr)
+            drop_namespace(c, kube, namespace)
         for namespace in (ns, ns_nginx):
             gone = path("", "v1", "namespaces", name=namespace)
             wait(lambda: kube.get(gone) is None, 900, f"namespace {namespace} gone", 2)  # noqa: B023 - called at once
@@ -795,16 +804,8 @@ def run_cutoff(
     finally:
         for w in watches:
             w.stop()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        try:
-            c.cleanup(kube, ns)
-            kube.delete(path("", "v1", "namespaces", name=ns))
-        except ApiError as exc:
-            print(f"cleaning {ns}: {exc}", file=sys.stderr)
+        stop_controller(proc)
+        drop_namespace(c, kube, ns)
 
 
 # --- the report ---------------------------------------------------------------------------------------------

@@ -88,3 +88,25 @@ def split(counts: Counter[tuple[str, str, str]]) -> dict[str, Counter[str]]:
         kind = "writes" if verb in WRITE_VERBS else "reads"
         out[f"lease_{kind}" if resource == "leases" else kind][f"{verb} {resource}"] += n
     return out
+
+
+def writes(
+    cluster: LocalCluster, agents: tuple[str, ...], namespace: str, since: datetime
+) -> list[tuple[float, str, str]]:
+    """Successful writes by clients whose User-Agent starts with one of ``agents`` in ``namespace``, received
+    from ``since`` on: (when, as a Unix time; resource[/subresource]; object name), oldest first."""
+    out: list[tuple[float, str, str]] = []
+    for ev in _events(cluster.audit_log.parent):
+        ref = ev.get("objectRef") or {}
+        if ev.get("verb") not in WRITE_VERBS or ref.get("namespace") != namespace:
+            continue
+        if not (ev.get("userAgent") or "").startswith(agents):
+            continue
+        if not 200 <= int((ev.get("responseStatus") or {}).get("code") or 0) < 300:
+            continue
+        at = parse_time(ev["requestReceivedTimestamp"])
+        if at >= since:
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            out.append((at.timestamp(), resource, ref.get("name", "")))
+    return sorted(out)
+

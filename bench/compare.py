@@ -293,6 +293,11 @@ class Contender:
     def after_abort(self, kube: KubeClient, ns: str, name: str) -> None:
         """Whatever lets the app be released again once its release was aborted."""
 
+    def cutting_write(self, resource: str, name: str, canary_sets: dict[str, str]) -> str | None:
+        """The app whose canary a write of the controller cuts off in replica-ratio mode, if it is one
+        (``canary_sets``: the canary pods' ReplicaSets, to their app)."""
+        return None
+
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
         raise NotImplementedError
 
@@ -361,6 +366,9 @@ class GreyReleaseContender(Contender):
 
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
         kube.patch(f"{self.collection(ns)}/{name}", {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}})
+
+    def cutting_write(self, resource: str, name: str, canary_sets: dict[str, str]) -> str | None:
+        return name if resource == "services" else None  # the Service's selector narrowed to the stable
 
     def after_abort(self, kube: KubeClient, ns: str, name: str) -> None:
         """An aborted GreyRelease stays Aborted: it is deleted (its cleanup removes the canary) and the
@@ -453,6 +461,9 @@ class ArgoContender(Contender):
 
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
         kube.patch(f"{self.collection(ns)}/{name}/status", {"status": {"abort": True}})
+
+    def cutting_write(self, resource: str, name: str, canary_sets: dict[str, str]) -> str | None:
+        return canary_sets.get(name) if resource == "replicasets" else None  # the canary scaled to 0
 
     def collection(self, ns: str) -> str:
         return path("argoproj.io", "v1alpha1", "rollouts", ns)
@@ -548,6 +559,21 @@ def drop_namespace(c: Contender, kube: KubeClient, ns: str) -> None:
         print(f"cleaning {ns}: {exc}", file=sys.stderr)
 
 
+def cutting_writes(
+    c: Contender, cluster: LocalCluster, ns: str, written: dict[str, float], started: float,
+    canaries: dict[str, set[str]],
+) -> dict[str, float]:  # fmt: skip
+    """For each aborted app, when the API server received the controller's first write that cuts its canary
+    off after the abort was written (the audit log). ``canaries``: the canary pods by app."""
+    canary_sets = {pod.rsplit("-", 1)[0]: app for app, pods in canaries.items() for pod in pods}
+    out: dict[str, float] = {}
+    for at, resource, name in audit.writes(cluster, c.agents, ns, datetime.fromtimestamp(started, UTC)):
+        app = c.cutting_write(resource, name, canary_sets)
+        if app in written and app not in out and at >= written[app] - 0.05:  # the write returns after receipt
+            out[app] = at
+    return out
+
+
 def latencies(written: dict[str, float], cut: dict[str, float]) -> list[float]:
     return [cut[name] - t for name, t in written.items() if name in cut]
 
@@ -622,6 +648,7 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         wait(lambda: len(endpoints.cut) >= m, 300, "every canary out of its Service's endpoints", 0.2)
         abort_wall, abort_cpu = max(endpoints.cut.values()) - started, stats.cpu() - cpu_a
         aborts = latencies(written, endpoints.cut)
+        own_cuts = latencies(written, cutting_writes(c, cluster, ns, written, started, canaries))
 
         # Aborts, nginx canary Ingress mode: m more apps behind an Ingress, held at the first step.
         ingresses = IngressProbe()
@@ -662,6 +689,9 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
             "abort_n": m,
             "abort_p50_s": round(pct(aborts, 50), 3),
             "abort_p99_s": round(pct(aborts, 99), 3),
+            "abort_own_n": len(own_cuts),
+            "abort_own_p50_s": round(pct(own_cuts, 50), 3) if own_cuts else "-",
+            "abort_own_p99_s": round(pct(own_cuts, 99), 3) if own_cuts else "-",
             "abort_wall_s": round(abort_wall, 2),
             "abort_cpu_s": round(abort_cpu, 2),
             "abort_nginx_p50_s": round(pct(aborts_nginx, 50), 3),
@@ -819,6 +849,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("own_lag_p99_s", "the same by the controller's own record, p99", "s"),
     ("abort_p50_s", "abort -> canary out of the Service's endpoints (replica ratio), p50", "s"),
     ("abort_p99_s", "abort -> canary out of the Service's endpoints (replica ratio), p99", "s"),
+    ("abort_own_p50_s", "of which: abort -> the controller's write that cuts the canary off, p50", "s"),
+    ("abort_own_p99_s", "of which: abort -> the controller's write that cuts the canary off, p99", "s"),
     ("abort_cpu_s", "controller CPU while those aborts were cut", "s"),
     ("abort_nginx_p50_s", "abort -> canary weight 0 (nginx canary Ingress), p50", "s"),
     ("abort_nginx_p99_s", "abort -> canary weight 0 (nginx canary Ingress), p99", "s"),

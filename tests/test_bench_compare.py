@@ -3,7 +3,10 @@ itself runs on a live cluster (`make compare SIZES=20`)."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -61,3 +64,29 @@ def test_the_report_rewrites_only_its_measured_part(tmp_path: Path) -> None:
     assert "old" not in text
     assert "| abort write -> last request answered by a canary pod, p99 | 0.9 s | 3.6 s | 0.25 |" in text
     assert "100 requests/s through Traefik" in text
+
+
+def test_the_cutting_write_of_each_abort_is_read_from_the_audit_log(tmp_path: Path) -> None:
+    """Argo's cut is its canary ReplicaSet's scale-down, not the stable's scale-up beside it; only writes
+    after the app's own abort count."""
+    def event(at: float, resource: str, name: str, agent: str = "rollouts-controller/v1.10.2") -> str:
+        stamp = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+        return json.dumps({"verb": "update", "userAgent": agent, "requestReceivedTimestamp": stamp,
+                           "objectRef": {"resource": resource, "namespace": "ns", "name": name},
+                           "responseStatus": {"code": 200}})  # fmt: skip
+
+    t = 1_800_000_000.0
+    (tmp_path / "audit.log").write_text("\n".join([
+        event(t + 0.5, "replicasets", "web-canaryhash"),  # before web's abort: not its cut
+        event(t + 1.2, "replicasets", "web-stablehash"),  # the stable scaled up: not a cut
+        event(t + 1.4, "replicasets", "web-canaryhash"),
+        event(t + 1.3, "replicasets", "api-canaryhash", agent="kube-controller-manager"),  # not the controller's
+        event(t + 2.0, "replicasets", "api-canaryhash"),
+    ]) + "\n")  # fmt: skip
+    cluster: Any = SimpleNamespace(audit_log=tmp_path / "audit.log")
+    argo = compare.ArgoContender(tmp_path / "rollouts-controller")
+    canaries = {"web": {"web-canaryhash-abcde"}, "api": {"api-canaryhash-fghij"}}
+    written = {"web": t + 1.0, "api": t + 1.1}
+    cuts = compare.cutting_writes(argo, cluster, "ns", written, t, canaries)
+    assert cuts == pytest.approx({"web": t + 1.4, "api": t + 2.0})
+    assert sorted(round(x, 3) for x in compare.latencies(written, cuts)) == [0.4, 0.9]

@@ -109,4 +109,3 @@ def writes(
             resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             out.append((at.timestamp(), resource, ref.get("name", "")))
     return sorted(out)
-

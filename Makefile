@@ -94,7 +94,7 @@ bench: deps
 # GreyRelease and Argo Rollouts on the same releases, one after the other on one local cluster; builds Argo
 # Rollouts' controller on first use (e2e/build/build.sh argo). Writes bench/COMPARISON.md, comparison.json
 # and comparison.png. `make compare SIZES=20` for a quick run; CUTOFF=0 leaves out the abort cut-off on real
-# requests (10 aborts per controller through Traefik by default).
+# requests (10 aborts per controller through Traefik by default; like the data plane's e2e tests it needs root).
 SIZES ?= 100 500 1000
 CUTOFF ?= 10
 compare: deps

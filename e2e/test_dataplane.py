@@ -91,6 +91,19 @@ def until_answered(url: str, host: str, what: str, ok: Callable[[Answer], bool] 
     return wait_for(lambda: (lambda a: a if check(a) else None)(request(url, host)), 30, what, interval=0.1)
 
 
+def until_every_pod_answers(cluster: Cluster, namespace: str, url: str, host: str, selector: str) -> set[str]:
+    """Waits until the proxy sends to every pod of ``selector`` (a Deployment's rollout is done before the
+    EndpointSlice controller has listed its last pod and the proxy has reloaded: a first answer only says
+    the route is there). Returns the pods."""
+    pods = set(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "name").stdout.split())
+
+    def all_answer() -> bool:
+        return {f"pod/{a.body.get('pod')}" for a in many(url, host, 40)} >= pods
+
+    wait_for(all_answer, 30, f"every pod of {selector} answering through Traefik", interval=0.2)
+    return pods
+
+
 def route(namespace: str, dataplane: DataPlane, host: str, backends: dict[str, int]) -> dict[str, Any]:
     return {
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
@@ -116,6 +129,7 @@ def test_httproute_weights_split_real_requests(cluster: Cluster, namespace: str,
     apply(cluster, namespace, route(namespace, dataplane, host, {"web": 80, "web-canary": 20}))
     wait_for(lambda: route_accepted(cluster, namespace), 30, "HTTPRoute web Accepted by the Gateway")
     until_answered(dataplane.gateway_url, host, "the route in Traefik")
+    until_every_pod_answers(cluster, namespace, dataplane.gateway_url, host, "app in (web, web-canary)")
 
     n = 1000
     started = time.monotonic()
@@ -146,6 +160,7 @@ def test_an_ingress_of_class_traefik_is_served_at_the_same_url(
             {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "shop", "port": {"number": 80}}}}]}}]},
     })  # fmt: skip
     until_answered(dataplane.gateway_url, host, "the Ingress in Traefik")
+    until_every_pod_answers(cluster, namespace, dataplane.gateway_url, host, "app=shop")
     answers = many(dataplane.gateway_url, host, 300)
     assert [a for a in answers if a.status != 200] == []
     pods = Counter(a.body.get("pod") for a in answers)

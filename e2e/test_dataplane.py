@@ -91,17 +91,16 @@ def until_answered(url: str, host: str, what: str, ok: Callable[[Answer], bool] 
     return wait_for(lambda: (lambda a: a if check(a) else None)(request(url, host)), 30, what, interval=0.1)
 
 
-def until_every_pod_answers(cluster: Cluster, namespace: str, url: str, host: str, selector: str) -> set[str]:
+def until_every_pod_answers(cluster: Cluster, namespace: str, url: str, host: str, selector: str) -> None:
     """Waits until the proxy sends to every pod of ``selector`` (a Deployment's rollout is done before the
     EndpointSlice controller has listed its last pod and the proxy has reloaded: a first answer only says
-    the route is there). Returns the pods."""
+    the route is there)."""
     pods = set(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "name").stdout.split())
 
     def all_answer() -> bool:
         return {f"pod/{a.body.get('pod')}" for a in many(url, host, 40)} >= pods
 
     wait_for(all_answer, 30, f"every pod of {selector} answering through Traefik", interval=0.2)
-    return pods
 
 
 def route(namespace: str, dataplane: DataPlane, host: str, backends: dict[str, int]) -> dict[str, Any]:

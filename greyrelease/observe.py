@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .api import ANNOTATION_PREFIX, TRACK_LABEL, GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
+from .api import ANNOTATION_PREFIX, TRACK_LABEL, BatchState, GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
 from .deployments import Deployments, deployments_path
 from .kube import Kube, path
 from .planner import Observed
@@ -61,6 +61,17 @@ def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
+def _going_live(status: GreyReleaseStatus, canary: Obj | None) -> bool:
+    """The batch waits for its canary pods, some of which are ready: the pass may give them traffic,
+    so it needs to know how many the proxy can reach (one read, in this state only)."""
+    return (
+        status.phase == Phase.PROGRESSING
+        and status.batch_state == BatchState.UPSCALING
+        and canary is not None
+        and int((canary.get("status") or {}).get("readyReplicas") or 0) > 0
+    )
+
+
 def observe(
     kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus, governing: Governing | None = None
 ) -> Scene:
@@ -78,6 +89,7 @@ def observe(
     recorded = Recorded(status)
     router = router_for(kube, namespace=namespace, release=release, spec=spec, status=recorded)
     routing_error = router.problem() if status.phase in (None, Phase.INITIALIZING, Phase.INVALID_SPEC) else ""
+    canary_endpoints = router.canary_endpoints() if _going_live(status, canary) else None
     deletion = _time(meta.get("deletionTimestamp"))
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
     governance = observe_governance(kube, release, spec, status, annotations, governing or Governing())
@@ -90,6 +102,7 @@ def observe(
         deleting=deletion is not None,
         deletion_started=deletion,
         routing_error=routing_error,
+        canary_endpoints=canary_endpoints,
         rules=governance.rules,
         queue=governance.queue,
         predecessors=governance.predecessors,

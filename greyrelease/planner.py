@@ -21,8 +21,9 @@ The state is the phase and, while a batch is under way (Progressing, Paused), it
     (none)           -                     _start          the Deployment and a valid spec -> Progressing, Upscaling
     InvalidSpec      -                     _start          (the same: the spec or the cluster fixed)
     Initializing     -                     _start          a ReplicaSet to name the stable by
-    Progressing      Upscaling             _upscale        canary pods ready -> traffic moved -> Verifying or
-                                                           WaitingForApproval (pause: manual)
+    Progressing      Upscaling             _upscale        canary pods ready (and endpoints of the canary Service,
+                                                           when the mode has one) -> traffic moved -> Verifying
+                                                           or WaitingForApproval (pause: manual)
     Progressing      Verifying             _verify         the pause and the gate -> next batch (Upscaling) or Promoting
     Progressing      WaitingForApproval    _verify         promote=next -> next batch; promote=full -> Promoting
     Paused           Upscaling, Verifying  _on_pause       the pause lifted -> Progressing, the batch as it was
@@ -93,6 +94,10 @@ from .images import target_image, version_of
 #: How long to wait for a change before looking again while something converges. Deployment watch
 #: events wake the release sooner; this is only the safety net.
 CONVERGE_POLL = 10.0
+#: How often a batch whose canary pods are ready looks again for them among the canary Service's
+#: endpoints. Nothing watches EndpointSlices (a cache of every slice in the cluster, for a wait of a
+#: fraction of a second once per batch): the release polls, one LIST of the Service's slices a time.
+ENDPOINTS_POLL = 0.5
 #: How often a release that cannot start (its Deployment is missing) looks again.
 INVALID_POLL = 30.0
 HISTORY_LIMIT = 20
@@ -161,6 +166,9 @@ class Observed:
     deleting: bool = False
     deletion_started: datetime | None = None
     routing_error: str = ""  # the router cannot work with what it found (e.g. a Service is missing)
+    #: The canary pods the proxy can send to (ready endpoints of the canary Service): read only while
+    #: a batch's canary grows, and only in the modes that route through a canary Service; else None.
+    canary_endpoints: int | None = None
     checks: tuple[Check, ...] = ()  # metric samples taken in this pass (only when a check was due)
     rules: Rules = field(default_factory=Rules)  # the windows and freezes of the policies that govern the release
     queue: Queue | None = None  # the concurrency limit it is under, if any
@@ -776,6 +784,16 @@ def _upscale(p: _Pass) -> Then:
         # The message does not count ready pods: it would cost a status write per pod.
         p.set(message=f"{b.label}: waiting for {step.canary_replicas} canary pods to be ready")
         p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        return WAIT
+    serving = p.world.canary_endpoints
+    if serving is not None and serving < step.canary_replicas and (step.weight or step.header_match):
+        # Ready pods are not yet endpoints: the EndpointSlice controller lists them a moment later, and
+        # a proxy answers 503 for the share it sends to a Service with none.
+        deadline = p.deadline(st.batch_started_at)
+        if p.now >= deadline:
+            return _deadline_passed(p, f"{b.label}: the canary Service lists {serving}/{step.canary_replicas} pods")
+        p.set(message=f"{b.label}: waiting for the canary Service to list {step.canary_replicas} ready pods")
+        p.at(min(deadline, p.now + timedelta(seconds=ENDPOINTS_POLL)))
         return WAIT
     return _go_live(p, b)
 

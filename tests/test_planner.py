@@ -29,7 +29,7 @@ from greyrelease.api import (
     Phase,
     fmt_time,
 )
-from greyrelease.planner import HANDLERS, decide, project
+from greyrelease.planner import ENDPOINTS_POLL, HANDLERS, decide, project
 
 from .world import T0, UID, World, spec, workload
 
@@ -205,6 +205,38 @@ def test_a_pass_finishes_at_most_one_batch() -> None:
     weights = [a.weight for p in w.plans for a in p.actions if isinstance(a, SetWeight)]
     assert weights == [10, 30, 60, 100, 0]
     assert [r.result for r in w.status.history] == ["passed"] * 4
+
+
+def test_the_weight_waits_until_the_canary_service_lists_the_ready_canary_pods() -> None:
+    batches = [{"replicas": 2, "weight": 10}, {"replicas": 10}]
+    w = World(spec(trafficRouting=NGINX, batches=batches, batchSize=None, canaryWeight=None), canary_endpoints=0)
+    w.step()  # batch 1: the canary grows (its pods are ready at the next look)
+    for listed in (0, 1):
+        w.canary_endpoints = listed
+        plan = w.step()
+        assert [a for a in plan.actions if isinstance(a, SetWeight)] == []
+        assert plan.status.batch_state == "Upscaling"
+        assert plan.status.message == "batch 1/2: waiting for the canary Service to list 2 ready pods"
+        assert plan.requeue_after == ENDPOINTS_POLL
+        w.advance(ENDPOINTS_POLL)
+    w.canary_endpoints = 2
+    plan = w.step()  # no pause: batch 1 is live and passed in one pass, and batch 2's canary grows
+    assert plan.actions[0] == SetWeight(10, None)
+    assert w.step().status.message == "batch 2/2: waiting for the canary Service to list 10 ready pods"
+    w.canary_endpoints = 10
+    assert SetWeight(100, None) in w.step().actions
+
+
+def test_a_canary_service_that_never_lists_the_pods_fails_the_release_at_the_deadline() -> None:
+    batches = [{"replicas": 2, "weight": 10}, {"replicas": 10}]
+    w = World(spec(trafficRouting=NGINX, batches=batches, batchSize=None, canaryWeight=None), canary_endpoints=1)
+    w.step()
+    assert w.step().status.phase == "Progressing"
+    w.advance(w.spec.progress_deadline_seconds)
+    plan = w.step()
+    assert plan.status.phase in ("RollingBack", "Failed")
+    assert "batch 1/2: the canary Service lists 1/2 pods after" in plan.status.message
+    assert plan.actions[0] == SetWeight(0)
 
 
 def test_promotion_gives_the_stable_its_new_image_only_once_the_last_batch_scaled_it_down() -> None:

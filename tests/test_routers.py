@@ -625,6 +625,48 @@ def test_gateway_router_prepares_weighs_and_restores_the_route_exactly() -> None
     assert user_objects(kube) == original
 
 
+def endpoint_slice(name: str, service: str, *endpoints: Obj) -> Obj:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NS, "labels": {"kubernetes.io/service-name": service}},
+        "endpoints": list(endpoints),
+    }
+
+
+def pod_endpoint(pod: str, address: str, ready: bool | None) -> Obj:
+    conditions = {} if ready is None else {"ready": ready}
+    return {"addresses": [address], "conditions": conditions, "targetRef": {"kind": "Pod", "name": pod, "uid": pod}}
+
+
+@pytest.mark.parametrize("routing", [pytest.param(NGINX, id="nginx"), pytest.param(GATEWAY, id="gateway")])
+def test_canary_endpoints_count_each_ready_canary_pod_once(routing: Obj) -> None:
+    slices = [
+        # Dual stack: one slice per address family, each listing the same two pods.
+        endpoint_slice("web-canary-v4", "web-canary", pod_endpoint("c1", "10.0.0.1", True),
+                       pod_endpoint("c2", "10.0.0.2", None), pod_endpoint("c3", "10.0.0.3", False)),
+        endpoint_slice("web-canary-v6", "web-canary", pod_endpoint("c1", "fd00::1", True),
+                       pod_endpoint("c2", "fd00::2", True)),
+        endpoint_slice("web-stable", "web", pod_endpoint("s1", "10.0.1.1", True)),  # another Service's
+    ]  # fmt: skip
+    kube = (nginx_world if "nginx" in routing else gateway_world)(*slices)
+    router = make_router(kube, routing)
+    assert router.canary_endpoints() == 2
+    assert writes(kube) == []
+    kube.delete(path("discovery.k8s.io", "v1", "endpointslices", NS, "web-canary-v4"))
+    kube.delete(path("discovery.k8s.io", "v1", "endpointslices", NS, "web-canary-v6"))
+    assert router.canary_endpoints() == 0
+
+
+@pytest.mark.parametrize("routing", [{"service": {"name": "web"}}, None])
+def test_modes_without_a_canary_service_read_no_endpoints(routing: Obj) -> None:
+    kube = MemoryKube(service())
+    router = make_router(kube, routing)
+    kube.requests.clear()
+    assert router.canary_endpoints() is None
+    assert kube.requests == []
+
+
 def test_gateway_write_on_a_route_edited_since_it_was_read_is_a_conflict() -> None:
     kube = gateway_world()
     router = make_router(kube, GATEWAY)

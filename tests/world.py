@@ -67,6 +67,7 @@ class World:
     prepared: bool = False
     deleting: bool = False
     extra_candidates: tuple[Workload, ...] = ()
+    canary_endpoints: int | None = None  # what the router reads of the canary Service (None: not read)
     plans: list[Plan] = field(default_factory=list)
     #: The status of the plan being applied (adapters act on what the plan records).
     acting: GreyReleaseStatus | None = None
@@ -81,6 +82,7 @@ class World:
             uid=UID,
             deleting=self.deleting,
             deletion_started=T0 if self.deleting else None,
+            canary_endpoints=self.canary_endpoints,
         )
 
     def step(self) -> Plan:

@@ -1,12 +1,14 @@
 """Traffic routers: one small interface, one module per way of splitting traffic.
 
-A router is built for one reconcile of one release and answers five calls:
+A router is built for one reconcile of one release and answers six calls:
 
 - ``problem()``: why it cannot work with the cluster as it is ("" when it can); read-only.
 - ``prepare()``: routing objects exist with the canary at weight 0, before any canary pod does.
 - ``set_weight(w, header_match)``: the canary gets ``w`` percent; 0 is the abort, and it comes first.
 - ``restore_stable_selector()``: the stable Service selects as the user wrote it (before the stable rolls).
 - ``reset()``: everything the router added is gone and the user's objects are as they were.
+- ``canary_endpoints()``: how many canary pods the proxy can send to (the ready endpoints of the canary
+  Service), or None in the modes that route through no Service of their own; read-only.
 
 Modules: ``replicas`` (no routing), ``service`` (one Service, weight = replica share), ``nginx`` (a canary
 Ingress for ingress-nginx), ``gateway`` (weights on a Gateway API HTTPRoute); ``selector`` and
@@ -39,6 +41,8 @@ class Router(Protocol):
     def restore_stable_selector(self) -> None: ...
 
     def reset(self) -> None: ...
+
+    def canary_endpoints(self) -> int | None: ...
 
 
 def router_for(

@@ -99,6 +99,24 @@ def service_patch(existing: Obj, desired: Obj) -> Obj | None:
     return {"spec": patch} if patch else None
 
 
+#: The label the EndpointSlice controller puts on the slices of a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def ready_endpoints(slices: list[Obj]) -> int:
+    """How many pods ``slices`` list as ready. A dual-stack Service has one slice per address family,
+    so a pod is counted once (by its uid, else its name, else its addresses); an endpoint without a
+    ``ready`` condition is ready (the API's rule for a nil value)."""
+    pods: set[object] = set()
+    for piece in slices:
+        for endpoint in piece.get("endpoints") or []:
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            ref = endpoint.get("targetRef") or {}
+            pods.add(ref.get("uid") or ref.get("name") or tuple(endpoint.get("addresses") or ()))
+    return len(pods)
+
+
 def _without_node_ports(ports: list[Obj]) -> list[Obj]:
     return [{k: v for k, v in p.items() if k != "nodePort"} for p in ports]
 
@@ -112,6 +130,7 @@ class CanaryService:
         self.name = canary_service_name(stable_service)
         self.path = path("", "v1", "services", namespace, self.name)
         self.collection = path("", "v1", "services", namespace)
+        self.slices = path("discovery.k8s.io", "v1", "endpointslices", namespace)
 
     def get(self) -> Obj | None:
         return self.kube.get(self.path)
@@ -134,3 +153,9 @@ class CanaryService:
         existing = self.get()
         if existing is not None and owned_by(existing, self.owner["uid"]):
             self.kube.delete(self.path)
+
+    def ready_endpoints(self) -> int:
+        """The canary pods the Service's EndpointSlices list as ready: the pods an Ingress controller or
+        a Gateway can send to. A Deployment counts a pod ready before the EndpointSlice controller
+        lists it, and a weight given to a Service with no endpoint is answered 503 by the proxy."""
+        return ready_endpoints(self.kube.list(self.slices, label_selector=f"{SERVICE_NAME_LABEL}={self.name}"))

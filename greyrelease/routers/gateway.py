@@ -279,3 +279,6 @@ class GatewayRouter:
             self.kube.patch(self.route_path, patch)
         self.canary_service.delete()
         self.stable.restore()
+
+    def canary_endpoints(self) -> int:
+        return self.canary_service.ready_endpoints()

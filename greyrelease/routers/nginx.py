@@ -257,3 +257,6 @@ class NginxRouter:
             self.kube.delete(self.canary_path)
         self.canary_service.delete()
         self.stable.restore()
+
+    def canary_endpoints(self) -> int:
+        return self.canary_service.ready_endpoints()

@@ -45,3 +45,7 @@ class ReplicaRouter:
 
     def reset(self) -> None:
         """Nothing was added."""
+
+    def canary_endpoints(self) -> None:
+        """No Service: the canary's pods serve as soon as they are ready."""
+        return None

@@ -583,6 +583,8 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
     names = [f"app-{i:04d}" for i in range(n)]
     m = min(MAX_ABORTS, n)
     held = names[:m]
+    # The waits below were sized on N <= 1,000; larger runs get longer in proportion.
+    scale = max(1.0, n / 1000)
     for namespace in (ns, ns_nginx):
         new_namespace(cluster, kube, namespace)
     proc = c.start(cluster, workdir / f"{c.key}-{n}.log")
@@ -605,14 +607,14 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         tracker = Tracker(c.progress)
         watch(c.collection(ns), tracker)
         parallel(lambda name: c.create_app(kube, ns, name, False), names)
-        wait(lambda: c.initial_done(tracker, names) and pods_settled(kube, ns, 2 * n), 900, f"{n} apps ready", 2)
+        wait(lambda: c.initial_done(tracker, names) and pods_settled(kube, ns, 2 * n), 900 * scale, f"{n} apps ready", 2)
         time.sleep(5)
 
         # The releases, all at once.
         since, t0 = now(), time.time()
         cpu0, kcm0, api0 = stats.cpu(), kcm.cpu(), apiserver.cpu()
         parallel(lambda name: c.release(kube, ns, name, "v2", False, False), names)
-        wait(lambda: tracker.count(names, "v2", "done") == n, 1800, f"{n} releases done", 1)
+        wait(lambda: tracker.count(names, "v2", "done") == n, 1800 * scale, f"{n} releases done", 1)
         done = [tracker.at(name, "v2", "done") or t0 for name in names]
         until = now()
         cpu_release, kcm_cpu, api_cpu = stats.cpu() - cpu0, kcm.cpu() - kcm0, apiserver.cpu() - api0
@@ -625,7 +627,7 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         own = c.own_lags(kube, ns)
 
         # Idle: the cluster settled, nothing left to do.
-        wait(lambda: pods_settled(kube, ns, 2 * n), 900, "cluster settled", 2)
+        wait(lambda: pods_settled(kube, ns, 2 * n), 900 * scale, "cluster settled", 2)
         time.sleep(5)
         idle_from = now()
         time.sleep(IDLE_SECONDS)
@@ -637,7 +639,7 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         watch(path("discovery.k8s.io", "v1", "endpointslices", ns), endpoints)
         parallel(lambda name: c.release(kube, ns, name, "v3", True, False), held)
         wait(lambda: tracker.count(held, "v3", "paused") == m, 900, f"{m} releases held", 1)
-        wait(lambda: pods_settled(kube, ns, 2 * n), 900, "held canaries ready", 2)
+        wait(lambda: pods_settled(kube, ns, 2 * n), 900 * scale, "held canaries ready", 2)
         canaries = canary_pods(kube, ns, "v3")
         endpoints.canaries = canaries
         wait(lambda: all(canaries.get(h) and canaries[h] & endpoints.ready(h) for h in held), 120,
@@ -725,7 +727,7 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
             drop_namespace(c, kube, namespace)
         for namespace in (ns, ns_nginx):
             gone = path("", "v1", "namespaces", name=namespace)
-            wait(lambda: kube.get(gone) is None, 900, f"namespace {namespace} gone", 2)  # noqa: B023 - called at once
+            wait(lambda: kube.get(gone) is None, 900 * scale, f"namespace {namespace} gone", 2)  # noqa: B023 - called at once
 
 
 

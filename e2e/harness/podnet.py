@@ -1,7 +1,7 @@
 """The pod network: pod IPs that answer, without giving the host any address it did not have.
 
 KWOK gives pods addresses in the cluster's pod CIDR, but nothing listens there. Each local cluster claims a
-*slot*: a /19 of 10.244.0.0/16 for its pods (KWOK's `--cidr`), a /30 link net in 10.245.0.0/16, and a
+*slot*: a /18 of 10.244.0.0/16 for its pods (KWOK's `--cidr`), a /30 link net in 10.245.0.0/16, and a
 network namespace of its own. When the data plane starts, `PodNetwork.up()` creates that namespace, a veth
 pair between it and the host (host side 10.245.N.1, namespace side 10.245.N.2), routes the slot's pod CIDR
 from the host through the veth, and inside the namespace brings `lo` up and makes the whole pod CIDR local
@@ -28,7 +28,7 @@ from pathlib import Path
 from e2e.harness.process import pid_alive
 
 POD_SUPERNET = ipaddress.ip_network("10.244.0.0/16")
-SLOT_PREFIX = 19  # 8 slots of 8,190 pod addresses each
+SLOT_PREFIX = 18  # 4 slots of 16,382 pod addresses each: N = 3,000 apps of 2 pods peak at 12,000 pods
 SLOTS = 2 ** (SLOT_PREFIX - POD_SUPERNET.prefixlen)
 NETNS_PREFIX = "greyrelease-pods-"
 

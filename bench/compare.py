@@ -607,7 +607,8 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         tracker = Tracker(c.progress)
         watch(c.collection(ns), tracker)
         parallel(lambda name: c.create_app(kube, ns, name, False), names)
-        wait(lambda: c.initial_done(tracker, names) and pods_settled(kube, ns, 2 * n), 900 * scale, f"{n} apps ready", 2)
+        wait(lambda: c.initial_done(tracker, names) and pods_settled(kube, ns, 2 * n), 900 * scale,
+             f"{n} apps ready", 2)  # fmt: skip
         time.sleep(5)
 
         # The releases, all at once.

@@ -1127,10 +1127,12 @@ def main() -> int:
                 print(f"N = {n}, {c.title} ...", flush=True)
                 results[c.key] = run_one(c, cluster, kube, n, workdir)
                 print(json.dumps(results[c.key]), flush=True)
-            runs[str(n)] = {"date": f"{now():%Y-%m-%d}", "commit": commit, "command": command,
-                            "versions": versions, "abort_n": min(MAX_ABORTS, n), "results": results}  # fmt: skip
-            json_path.write_text(json.dumps(runs, indent=2) + "\n")
-            write_report(runs, out)
+                # Written after each controller: a large size takes an hour, and a run stopped half-way
+                # keeps what it measured.
+                runs[str(n)] = {"date": f"{now():%Y-%m-%d}", "commit": commit, "command": command,
+                                "versions": versions, "abort_n": min(MAX_ABORTS, n), "results": results}  # fmt: skip
+                json_path.write_text(json.dumps(runs, indent=2) + "\n")
+                write_report(runs, out)
     finally:
         cluster.stop()
     print(f"wrote {out} and {json_path}; controller logs in {workdir}")

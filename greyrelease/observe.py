@@ -65,7 +65,7 @@ def _going_live(status: GreyReleaseStatus, canary: Obj | None) -> bool:
     """The batch waits for its canary pods, some of which are ready: the pass may give them traffic,
     so it needs to know how many the proxy can reach (one read, in this state only)."""
     return (
-        status.phase == Phase.PROGRESSING
+        status.phase in (Phase.PROGRESSING, Phase.PAUSED)  # a pass that resumes may go live at once
         and status.batch_state == BatchState.UPSCALING
         and canary is not None
         and int((canary.get("status") or {}).get("readyReplicas") or 0) > 0

@@ -14,6 +14,7 @@ from greyrelease.actions import PrepareRouting, ResetRouting, RestoreStableSelec
 from greyrelease.api import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
 from greyrelease.kube import Conflict, MemoryKube, path
 from greyrelease.kube import merge_patch as merge
+from greyrelease.observe import observe
 from greyrelease.planner import decide
 from greyrelease.routers import Router, router_for
 from greyrelease.routers.canary_service import build_canary_service, service_patch
@@ -656,6 +657,42 @@ def test_canary_endpoints_count_each_ready_canary_pod_once(routing: Obj) -> None
     kube.delete(path("discovery.k8s.io", "v1", "endpointslices", NS, "web-canary-v4"))
     kube.delete(path("discovery.k8s.io", "v1", "endpointslices", NS, "web-canary-v6"))
     assert router.canary_endpoints() == 0
+
+
+def canary_deployment(ready: int) -> Obj:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web-canary", "namespace": NS, "uid": "canary-uid",
+                         "ownerReferences": [{"uid": UID, "controller": True}]},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"spec": {"containers": [{"name": "app", "image": "app:v2"}]}}},
+            "status": {"replicas": 2, "readyReplicas": ready}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("phase", "state", "ready", "read"),
+    [
+        ("Progressing", "Upscaling", 1, True),
+        ("Paused", "Upscaling", 2, True),  # resumed, it may go live in the same pass
+        ("Progressing", "Upscaling", 0, False),  # no canary pod ready: nothing to route to yet
+        ("Progressing", "Verifying", 2, False),  # live already
+        ("Promoting", None, 2, False),
+    ],
+)
+def test_the_canary_endpoints_are_read_only_while_a_batch_may_go_live(
+    phase: str, state: str | None, ready: int, read: bool
+) -> None:
+    kube = gateway_world(
+        canary_deployment(ready), endpoint_slice("web-canary-a", "web-canary", pod_endpoint("c1", "10.0.0.1", True))
+    )
+    template = {"spec": {"containers": [{"name": "app", "image": "app:v1"}]}}
+    kube.put({**STABLE[0], "spec": {**STABLE[0]["spec"], "replicas": 4, "template": template}})
+    status = GreyReleaseStatus.model_validate(
+        {"phase": phase, "batchState": state, "currentBatch": 1, "targetName": "web"}
+    )
+    s = spec(trafficRouting=GATEWAY, targetRef={"name": "web"})
+    seen = observe(kube, RELEASE, s, status).observed
+    assert seen.canary is not None and seen.canary.ready == ready
+    assert seen.canary_endpoints == (1 if read else None)
 
 
 @pytest.mark.parametrize("routing", [{"service": {"name": "web"}}, None])

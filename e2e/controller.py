@@ -33,14 +33,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class Controller:
-    """``greyrelease run`` in a subprocess, watching one namespace."""
+    """``greyrelease run`` in a subprocess, watching one namespace (or several, given a list)."""
 
     def __init__(
-        self, cluster: Cluster, namespace: str, log: Path,
+        self, cluster: Cluster, namespace: str | list[str], log: Path,
         extra_env: dict[str, str] | None = None, extra_args: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.cluster = cluster
-        self.namespace = namespace
+        self.namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
+        self.namespace = self.namespaces[0]
         self.log = log
         self.env = {**cluster.env, **(extra_env or {})}
         self.args = extra_args or []
@@ -49,7 +50,8 @@ class Controller:
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace, *self.args],
+            [sys.executable, "-m", "greyrelease", "run", *(a for ns in self.namespaces for a in ("--namespace", ns)),
+             *self.args],
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
@@ -58,6 +60,11 @@ class Controller:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` (e.g. SIGSTOP and SIGCONT: a process cut off from everything, then back)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

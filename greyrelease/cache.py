@@ -146,12 +146,19 @@ WATCH_SECONDS = 290
 WATCH_RETRY_WAIT: wait_base = wait_exponential(multiplier=0.5, min=0.5, max=5)
 
 
+class NotHeld(Exception):
+    """A write refused before it was sent: the shard it belongs to is no longer held by this replica."""
+
+
 class Watchable(Protocol):
-    """What a Reflector needs of the API client: a plain request (the list) and a streaming watch."""
+    """What a Reflector needs of the API client: a plain request (the list) and a streaming watch, both
+    with extra query parameters (e.g. a ``shardSelector``)."""
 
-    def request(self, method: str, path: str) -> Obj: ...
+    def request(self, method: str, path: str, *, query: dict[str, str] | None = None) -> Obj: ...
 
-    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int) -> Iterator[Obj]: ...
+    def watch(
+        self, path: str, *, resource_version: str | None, timeout_seconds: int, query: dict[str, str] | None = None
+    ) -> Iterator[Obj]: ...
 
 
 class Reflector:
@@ -178,9 +185,11 @@ class Reflector:
         collection: str,
         store: Store | None = None,
         on_change: Callable[[str, Obj], None] | None = None,
+        query: dict[str, str] | None = None,
     ) -> None:
         self.kube = kube
         self.collection = collection
+        self.query = query or None
         self.store = store if store is not None else Store()
         self.on_change = on_change
         self.synced = threading.Event()
@@ -222,7 +231,7 @@ class Reflector:
         """List when there is no version to go on from, then watch until the server ends the watch."""
         if self._version is None:
             try:
-                listed = self.kube.request("GET", self.collection)
+                listed = self.kube.request("GET", self.collection, query=self.query)
             except NotFound:
                 # The kind is not served (its CRD is not installed): there is none of it. Listed again
                 # after the retry's wait, so a CRD installed later is seen.
@@ -238,7 +247,9 @@ class Reflector:
     def _watch(self, version: str | None) -> str | None:
         """Follow the collection from ``version`` until the server ends the watch; the version to go on
         from, or None when the watch is too old and the collection must be listed again."""
-        for event in self.kube.watch(self.collection, resource_version=version, timeout_seconds=WATCH_SECONDS):
+        for event in self.kube.watch(
+            self.collection, resource_version=version, timeout_seconds=WATCH_SECONDS, query=self.query
+        ):
             if self._stopping.is_set():
                 return version
             kind, obj = event.get("type"), event.get("object") or {}
@@ -281,8 +292,9 @@ class CachedKube:
     answered 404 drops the object from memory: it is gone whatever the Store last heard.
     """
 
-    def __init__(self, inner: Kube) -> None:
+    def __init__(self, inner: Kube, *, writable: Callable[[], bool] | None = None) -> None:
         self.inner = inner
+        self.writable = writable
         self._stores: dict[tuple[str, str], tuple[Store, Callable[[], bool] | None]] = {}
         self._lists: set[tuple[str, str]] = set()
         self.hits = 0
@@ -330,12 +342,18 @@ class CachedKube:
                 return [o for o in found if selects(label_selector, (o.get("metadata") or {}).get("labels") or {})]
         return self.inner.list(path, label_selector=label_selector)
 
+    def _may_write(self, verb: str, path: str) -> None:
+        if self.writable is not None and not self.writable():
+            raise NotHeld(f"{verb} {path} refused: this replica does not hold the shard any more")
+
     def create(self, path: str, body: Obj) -> Obj:
+        self._may_write("POST", path)
         out = self.inner.create(path, body)
         self._fold(path + "/" + str((out.get("metadata") or {}).get("name", "")), out)
         return out
 
     def patch(self, path: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
+        self._may_write("PATCH", path)
         try:
             out = self.inner.patch(path, body, patch_type=patch_type)
         except NotFound:
@@ -345,6 +363,7 @@ class CachedKube:
         return out
 
     def replace(self, path: str, body: Obj) -> Obj:
+        self._may_write("PUT", path)
         try:
             out = self.inner.replace(path, body)
         except NotFound:
@@ -354,6 +373,7 @@ class CachedKube:
         return out
 
     def delete(self, path: str, *, propagation: str = "Background") -> Obj | None:
+        self._may_write("DELETE", path)
         answer = self.inner.delete(path, propagation=propagation)
         found = self._store_for(path)
         if found is None:

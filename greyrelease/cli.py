@@ -213,6 +213,17 @@ async def _run(args: argparse.Namespace) -> int:
         or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
     )
     governing = Governing(max_progressing=args.max_progressing, slots_namespace=lease_ns)
+    if args.shards > 1:
+        from .sharded import run_sharded
+
+        try:
+            return await run_sharded(
+                n=args.shards, namespaces=namespaces, governing=governing, lease_namespace=lease_ns,
+                lease_seconds=args.lease_seconds, state=state,
+            )  # fmt: skip
+        finally:
+            if health is not None:
+                await health.cleanup()
     if args.leader_elect:
         lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
         state["role"] = "standby"
@@ -257,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         "else the one watched namespace, else greyrelease-system)",
     )
     run.add_argument("--lease-seconds", type=int, default=10, help="lease duration (failover bound)")
+    run.add_argument(
+        "--shards", type=_positive, default=1, metavar="N",
+        help="split the releases by namespace into N shards, each driven by one replica that holds its Lease "
+        "(run N or more replicas with the same N; needs the API server's sharded watches, Kubernetes 1.36+ "
+        "with the ShardedListAndWatch feature gate); 1, the default, is one active replica and the Lease "
+        "greyrelease-controller",
+    )  # fmt: skip
     run.add_argument(
         "--max-progressing", type=_positive, metavar="K",
         help="at most K releases progress at once in every namespace (a GreyReleasePolicy may set its own); "

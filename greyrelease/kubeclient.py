@@ -101,11 +101,12 @@ class KubeClient:
         return payload
 
     def watch(
-        self, path: str, *, resource_version: str | None, timeout_seconds: int = 290
+        self, path: str, *, resource_version: str | None, timeout_seconds: int = 290,
+        query: dict[str, str] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """The events of a watch of the collection ``path`` from ``resource_version``, as they come, until
-        the server ends the watch (after ``timeout_seconds``)."""
-        query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
+        the server ends the watch (after ``timeout_seconds``); ``query`` adds parameters (selectors)."""
+        query = {**(query or {}), "watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
         if resource_version:
             query["resourceVersion"] = resource_version
         resp = self._pool.request(

@@ -22,7 +22,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from .api import Obj
+from .api import Obj, parse_time
 from .kube import Conflict, Kube, path
 
 log = logging.getLogger("greyrelease.leader")
@@ -38,16 +38,10 @@ def _micro(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def claim(spec: Obj, me: str, now: datetime, lease_seconds: int) -> Obj | None:
     """The Lease spec that makes ``me`` the holder, or None when someone else holds a live lease. Pure."""
     holder = spec.get("holderIdentity") or ""
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     duration = int(spec.get("leaseDurationSeconds") or lease_seconds)
     expired = renewed is None or now >= renewed + timedelta(seconds=duration)
     if holder and holder != me and not expired:
@@ -62,8 +56,9 @@ def claim(spec: Obj, me: str, now: datetime, lease_seconds: int) -> Obj | None:
 
 class Lease:
     def __init__(self, kube: Kube, *, namespace: str, name: str = LEASE_NAME, me: str | None = None,
-                 lease_seconds: int = 10) -> None:  # fmt: skip
+                 lease_seconds: int = 10, labels: dict[str, str] | None = None) -> None:  # fmt: skip
         self.kube = kube
+        self.labels = labels or {}
         self.namespace = namespace
         self.name = name
         self.me = me or identity()
@@ -78,8 +73,10 @@ class Lease:
             if lease is None:
                 spec = claim({}, self.me, now, self.lease_seconds)
                 assert spec is not None
-                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}  # fmt: skip
+                meta: Obj = {"name": self.name, "namespace": self.namespace}
+                if self.labels:
+                    meta["labels"] = self.labels
+                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
                 self.kube.create(path("coordination.k8s.io", "v1", "leases", self.namespace), body)
                 return True
             spec = claim(lease.get("spec") or {}, self.me, now, self.lease_seconds)

@@ -31,10 +31,11 @@ from typing import Any, cast
 
 import kopf
 
+from . import metrics
 from .api import GROUP, PLURAL, VERSION, Obj
 from .kubeclient import KubeClient
 from .policies import Governing
-from .runtime import Runtime, Tuning
+from .runtime import Runtime, Shard, Tuning
 
 log = logging.getLogger("greyrelease")
 
@@ -77,15 +78,24 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # default); every abort, pause and promote annotation waits it out.
     settings.batching.batch_window = 0.02
     settings.networking.request_timeout = 30
+    shard = memo.get("shard")
+    if isinstance(shard, Shard):
+        # One shard of several (greyrelease.shards): the API server sends this operator the releases of
+        # the shard's namespaces only.
+        settings.watching.shard_selectors[GROUP, PLURAL] = shard.selector
     if not isinstance(memo.get("runtime"), Runtime):
         tuning = Tuning()
         # Connections kept for every pass thread, and for the Deployment and Service watches (two per
         # watched namespace) besides; only those opened cost anything.
         api = KubeClient.from_environment(connections=tuning.threads + 64)
-        governing = memo.get("governing")
+        if isinstance(memo.get("user_agent"), str):
+            api.user_agent = memo["user_agent"]
+        governing, phases = memo.get("governing"), memo.get("phases")
         memo["runtime"] = rt = Runtime(
-            api, tuning=tuning, governing=governing if isinstance(governing, Governing) else None
-        )
+            api, tuning=tuning, governing=governing if isinstance(governing, Governing) else None,
+            phases=phases if isinstance(phases, metrics.Phases) else None,
+            shard=shard if isinstance(shard, Shard) else None,
+        )  # fmt: skip
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
         await rt.watch(api, list(memo.get("namespaces") or []))
 

@@ -151,23 +151,41 @@ def fingerprint(body: Obj) -> Any:
     return (meta.get("generation"), tuple(sorted(ours.items())), meta.get("deletionTimestamp"))
 
 
+@dataclass(frozen=True)
+class Shard:
+    """The slice of the releases one runtime drives (see :mod:`greyrelease.shards`): the ``shardSelector``
+    of its watches, and whether its writes are still safe (the shard's Lease is fresh)."""
+
+    selector: str
+    writable: Callable[[], bool]
+
+
 class Runtime:
     """What the controller keeps in memory while it runs. ``kube`` is the API client; every read of a
     GreyRelease (and, once :meth:`watch` has started, of a Deployment or Service) is served from the
     stores when they hold the object."""
 
-    def __init__(self, kube: Kube, *, tuning: Tuning | None = None, governing: Governing | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        tuning: Tuning | None = None,
+        governing: Governing | None = None,
+        phases: metrics.Phases | None = None,
+        shard: Shard | None = None,
+    ) -> None:
         self.tuning = tuning or Tuning()
+        self.shard = shard
         self.releases = Store()
         self.deployments = Store()
         self.services = Store()
         self.policies = Store()
-        self.kube = CachedKube(kube)
+        self.kube = CachedKube(kube, writable=shard.writable if shard is not None else None)
         # (Lists of releases are read only by releases waiting to start under a limit or after another.)
         self.kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, self.releases, lists=True)
         self.registry = Registry()
         self.reconciler = Reconciler(self.kube, governing=governing)
-        self.phases = metrics.Phases()
+        self.phases = phases or metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
 
@@ -318,9 +336,11 @@ class Runtime:
             meta = obj.get("metadata") or {}
             loop.call_soon_threadsafe(self.deployment_changed, meta.get("namespace", ""), meta.get("name", ""), kind)
 
+        query = {"shardSelector": self.shard.selector} if self.shard is not None else None
+
         def reflect(group: str, version: str, plural: str, store: Store, on_change: Any = None) -> list[Reflector]:
             found = [
-                Reflector(api, path(group, version, plural, ns), store, on_change=on_change).start()
+                Reflector(api, path(group, version, plural, ns), store, on_change=on_change, query=query).start()
                 for ns in ([*namespaces] if namespaces else [None])
             ]
             prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"

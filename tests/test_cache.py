@@ -197,7 +197,7 @@ class ScriptedKube:
         self.calls.append("list")
         return self.listings.pop(0)
 
-    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int) -> Any:
+    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int, **_: Any) -> Any:
         self.calls.append(f"watch@{resource_version}")
         if not self.watches:
             self.done.set()

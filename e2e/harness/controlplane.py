@@ -414,6 +414,9 @@ class LocalCluster(Cluster):
             "--allow-privileged=true",
             "--profiling=false",
             "--event-ttl=1h",
+            # Lists and watches filtered by a hash of the namespace (alpha since 1.36): what a controller
+            # run with --shards N asks for.
+            "--feature-gates=ShardedListAndWatch=true",
             # Writes only, with the request body (e2e/reliability.py counts the controller's writes by
             # user agent); see write_audit_policy() for what is left out.
             f"--audit-policy-file={self.audit_policy(self.workdir / 'audit-policy.yaml')}",

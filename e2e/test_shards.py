@@ -1,0 +1,217 @@
+"""End-to-end: three replicas run with ``--shards 3`` over six namespaces (two per shard), 30 releases; one
+replica is SIGKILLed mid-way, or cut off (SIGSTOP) for longer than its Leases and then let go on (SIGCONT).
+The releases of its shard go on under another replica, every release completes once (history and Events),
+and the audit log shows that every write of a release came from the replica holding its shard's Lease at
+that moment, within the Lease's duration of its last renewal."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from greyrelease.shards import shard_of
+
+from e2e.controller import Controller, apply_release, drop_releases, gr, status, wait_for
+from e2e.harness.controlplane import Cluster, LocalCluster
+from e2e.reliability import audited_writes, deploy_apps, now, release_events
+from e2e.test_reliability import batch_ready_counts
+
+pytestmark = pytest.mark.e2e
+
+SHARDS = 3
+LEASE = 10  # --lease-seconds, the default
+PER_NAMESPACE = 5
+TERMINAL = {"Succeeded", "Failed", "Aborted"}
+BATCHES = [{"replicas": 1, "pause": "4s"}, {"replicas": 2, "pause": "4s"}, {"replicas": 3}]
+
+
+def spread_namespaces(token: str, per_shard: int = 2) -> list[str]:
+    """Namespace names, ``per_shard`` in each shard (the hash decides; names are tried in turn)."""
+    picked: dict[int, list[str]] = {k: [] for k in range(SHARDS)}
+    i = 0
+    while any(len(v) < per_shard for v in picked.values()):
+        name = f"e2e-shards-{token}-{i}"
+        k = shard_of(name, SHARDS)
+        if len(picked[k]) < per_shard:
+            picked[k].append(name)
+        i += 1
+    return [ns for k in range(SHARDS) for ns in picked[k]]
+
+
+@pytest.fixture
+def spread(cluster: Cluster, crd: Path) -> Iterator[tuple[list[str], str]]:
+    if not isinstance(cluster, LocalCluster):
+        pytest.skip("needs the local cluster's API server (sharded watches on, the audit log)")
+    token = os.urandom(3).hex()
+    namespaces, system = spread_namespaces(token), f"e2e-shards-{token}-system"
+    for ns in [*namespaces, system]:
+        cluster.kubectl("create", "namespace", ns)
+        cluster.wait_for_namespace_ready(ns)
+    try:
+        yield namespaces, system
+    finally:
+        for ns in namespaces:
+            drop_releases(cluster, ns)
+        for ns in [*namespaces, system]:
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+def holding(replica: Controller) -> set[int]:
+    """The shards the replica's log says it holds now."""
+    held: set[int] = set()
+    for line in replica.log.read_text(errors="replace").splitlines() if replica.log.exists() else []:
+        if m := re.search(r"holding shard (\d+) of", line):
+            held.add(int(m.group(1)))
+        elif m := re.search(r"shard (\d+) stopped", line):
+            held.discard(int(m.group(1)))
+    return held
+
+
+def start_replicas(cluster: Cluster, namespaces: list[str], system: str, logs: Path) -> list[Controller]:
+    replicas = [
+        Controller(cluster, namespaces, logs / f"replica-{i}.log",
+                   extra_args=["--shards", str(SHARDS), "--leader-election-namespace", system])
+        for i in range(SHARDS)
+    ]
+    for r in replicas:
+        r.start()
+    wait_for(lambda: all(len(holding(r)) == 1 for r in replicas), 60, "each replica holding one shard", 0.5)
+    assert set().union(*(holding(r) for r in replicas)) == set(range(SHARDS))
+    return replicas
+
+
+def start_releases(cluster: Cluster, namespaces: list[str]) -> list[tuple[str, str]]:
+    releases = [(ns, f"app-{i}") for ns in namespaces for i in range(PER_NAMESPACE)]
+    for ns in namespaces:
+        deploy_apps(cluster, ns, {name: 3 for n, name in releases if n == ns})
+    for ns, name in releases:
+        apply_release(cluster, ns, gr(name, targetRef={"name": name}, targetVersion="v2", batches=BATCHES,
+                                      trafficRouting={"service": {"name": name}}))  # fmt: skip
+    return releases
+
+
+def check_completed_once(cluster: Cluster, releases: list[tuple[str, str]], timeout: float = 240) -> list[str]:
+    """Waits for every release to end; what is wrong with any (phase, history, Events)."""
+
+    def done() -> bool:
+        return all(status(cluster, ns, name).get("phase") in TERMINAL for ns, name in releases)
+
+    wait_for(done, timeout, f"{len(releases)} releases ended", 1.0)
+    problems = []
+    events = {ns: release_events(cluster, ns) for ns in {ns for ns, _ in releases}}
+    for ns, name in releases:
+        st = status(cluster, ns, name)
+        history = [h["batch"] for h in st.get("history") or []]
+        mine = events[ns].get(name, {})
+        if st.get("phase") != "Succeeded" or history != [1, 2, 3]:
+            problems.append(f"{ns}/{name}: {st.get('phase')} ({st.get('message')}), history {history}")
+        if batch_ready_counts(mine) != {1: 1, 2: 1, 3: 1}:
+            problems.append(f"{ns}/{name}: BatchReady Events per batch {batch_ready_counts(mine)}")
+        if twice := {k: v for k, v in mine.items() if v > 1}:
+            problems.append(f"{ns}/{name}: Events posted more than once: {twice}")
+    return problems
+
+
+def writes_outside_tenure(
+    cluster: Cluster, namespaces: list[str], system: str, since: datetime
+) -> tuple[int, list[str]]:
+    """Every write of the replicas in the release namespaces, checked against the shard Leases' history in
+    the audit log: it must come from the replica that last wrote its shard's Lease (taken or renewed), less
+    than the Lease's duration after that write. The number of writes checked, and the ones that fail."""
+    timeline: dict[int, list[tuple[datetime, str]]] = {k: [] for k in range(SHARDS)}
+    for w in audited_writes(cluster, namespace=system, agents=("greyrelease/",), since=since):
+        m = re.fullmatch(rf"greyrelease-shard-(\d+)-of-{SHARDS}", w.name)
+        if w.resource == "leases" and m and 200 <= w.code < 300:
+            holder = ((w.body or {}).get("spec") or {}).get("holderIdentity") or ""
+            timeline[int(m.group(1))].append((w.at, holder))
+    checked, problems = 0, []
+    for ns in namespaces:
+        k = shard_of(ns, SHARDS)
+        for w in audited_writes(cluster, namespace=ns, agents=("greyrelease/",), since=since):
+            checked += 1
+            me = w.agent.split("/", 1)[1].split(" ")[0]
+            before = [(at, holder) for at, holder in timeline[k] if at <= w.at]
+            if not before:
+                problems.append(f"{w} by {me}: shard {k}'s Lease never held before it")
+            elif before[-1][1] != me:
+                problems.append(f"{w} by {me}: shard {k}'s Lease held by {before[-1][1]!r} since {before[-1][0]}")
+            elif (w.at - before[-1][0]).total_seconds() >= LEASE:
+                problems.append(f"{w} by {me}: shard {k}'s Lease last renewed at {before[-1][0]}")
+    return checked, problems
+
+
+def stop_all(replicas: list[Controller]) -> None:
+    """SIGTERM to all at once (one by one, each would hand its shards to the next, which would start them)."""
+    for r in replicas:
+        r.signal(signal.SIGTERM)
+    for r in replicas:
+        r.stop()
+
+
+def victim_of(replicas: list[Controller], namespaces: list[str]) -> tuple[Controller, int]:
+    k = shard_of(namespaces[0], SHARDS)
+    return next(r for r in replicas if k in holding(r)), k
+
+
+def taken_over(replicas: list[Controller], victim: Controller, k: int, since: float, timeout: float = 60) -> float:
+    """Seconds from ``since`` until another replica holds shard ``k``."""
+    wait_for(lambda: any(k in holding(r) for r in replicas if r is not victim), timeout, f"shard {k} taken over", 0.1)
+    return time.monotonic() - since
+
+
+def test_a_replica_killed_mid_release_hands_its_shard_over_and_every_release_completes_once(
+    cluster: Cluster, spread: tuple[list[str], str], tmp_path: Path
+) -> None:
+    namespaces, system = spread
+    since = now()
+    replicas = start_replicas(cluster, namespaces, system, tmp_path)
+    try:
+        releases = start_releases(cluster, namespaces)
+        wait_for(lambda: status(cluster, namespaces[0], "app-0").get("currentBatch") == 2, 60, "batch 2 under way")
+        victim, k = victim_of(replicas, namespaces)
+        victim.kill()
+        took = taken_over(replicas, victim, k, time.monotonic())
+        print(f"shard {k} taken over {took:.1f}s after its replica was SIGKILLed (bound 15 s)")
+        assert took <= 15
+        problems = check_completed_once(cluster, releases)
+        checked, outside = writes_outside_tenure(cluster, namespaces, system, since)
+        print(f"{checked} writes of the replicas checked against the shard Leases: {len(outside)} outside")
+        assert not problems, "\n".join(problems)
+        assert checked > 30 * 5 and not outside, "\n".join(outside[:20])
+    finally:
+        stop_all(replicas)
+
+
+def test_a_replica_cut_off_longer_than_its_lease_writes_nothing_once_its_shard_moved(
+    cluster: Cluster, spread: tuple[list[str], str], tmp_path: Path
+) -> None:
+    namespaces, system = spread
+    since = now()
+    replicas = start_replicas(cluster, namespaces, system, tmp_path)
+    try:
+        releases = start_releases(cluster, namespaces)
+        wait_for(lambda: status(cluster, namespaces[0], "app-0").get("currentBatch") == 2, 60, "batch 2 under way")
+        victim, k = victim_of(replicas, namespaces)
+        victim.signal(signal.SIGSTOP)  # frozen mid-pass, its connections open: it cannot renew anything
+        took = taken_over(replicas, victim, k, time.monotonic())
+        print(f"shard {k} taken over {took:.1f}s after its replica was stopped (bound 15 s)")
+        assert took <= 15
+        time.sleep(5)  # the releases go on under the new holder while the old one is still frozen
+        victim.signal(signal.SIGCONT)
+        # Back, it finds its Lease taken: it stops the shard without another write, and joins as a member.
+        wait_for(lambda: f"shard {k} stopped" in victim.log.read_text(errors="replace"), 30, "old holder stopping")
+        refused = victim.log.read_text(errors="replace").count("refused: this replica does not hold the shard")
+        print(f"writes the old holder refused itself once back: {refused}")
+        problems = check_completed_once(cluster, releases)
+        checked, outside = writes_outside_tenure(cluster, namespaces, system, since)
+        print(f"{checked} writes of the replicas checked against the shard Leases: {len(outside)} outside")
+        assert not problems, "\n".join(problems)
+        assert checked > 30 * 5 and not outside, "\n".join(outside[:20])
+    finally:
+        stop_all(replicas)

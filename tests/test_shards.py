@@ -1,0 +1,148 @@
+"""Shards: the API server's hash and ranges, the fair share, and two replicas holding shards through Leases
+on the in-memory API server (one of them cut off: the other takes its shard over, never while it may
+still write)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import pytest
+from greyrelease.kube import MemoryKube
+from greyrelease.shards import SPACE, Held, Moves, Shards, bounds, decide, fnv1a64, selector, shard_of
+
+
+def test_the_hash_is_fnv_1a_64_as_the_api_server_computes_it() -> None:
+    # The FNV specification's test vectors.
+    assert fnv1a64("") == 0xCBF29CE484222325
+    assert fnv1a64("a") == 0xAF63DC4C8601EC8C
+    assert fnv1a64("foobar") == 0x85944171F73967E8
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7])
+def test_the_ranges_cover_the_hash_space_without_overlap(n: int) -> None:
+    ranges = [bounds(k, n) for k in range(n)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == SPACE
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in itertools.pairwise(ranges))
+    for namespace in ("default", "payments", "shop", "team-a", "kube-system"):
+        k = shard_of(namespace, n)
+        assert bounds(k, n)[0] <= fnv1a64(namespace) < bounds(k, n)[1]
+
+
+def test_the_selector_names_each_range_in_the_api_servers_notation() -> None:
+    assert selector([0], 1) == (
+        "shardRange(object.metadata.namespace, '0x0000000000000000', '0x10000000000000000')"
+    )
+    assert selector([2, 0], 3) == (
+        "shardRange(object.metadata.namespace, '0x0000000000000000', '0x5555555555555555') || "
+        "shardRange(object.metadata.namespace, '0xaaaaaaaaaaaaaaaa', '0x10000000000000000')"
+    )
+    with pytest.raises(ValueError):
+        selector([], 3)
+    with pytest.raises(ValueError):
+        bounds(3, 3)
+
+
+def test_replicas_started_together_try_different_shards_first() -> None:
+    members = ["a", "b", "c"]
+    free = {0: "", 1: "", 2: ""}
+    takes = [decide(3, me, free, members).take for me in members]
+    assert takes == [(0,), (1,), (2,)]
+
+
+def test_a_replica_takes_up_to_its_fair_share_and_gives_back_what_is_over_it() -> None:
+    # b died: its shard is free and a and c may hold two each; both try, the Lease decides.
+    assert decide(3, "a", {0: "a", 1: "", 2: "c"}, ["a", "c"]) == Moves(take=(1,))
+    assert decide(3, "c", {0: "a", 1: "", 2: "c"}, ["a", "c"]) == Moves(take=(1,))
+    # a holds everything and two more replicas joined: one shard a round goes back.
+    assert decide(3, "a", {0: "a", 1: "a", 2: "a"}, ["a", "b", "c"]) == Moves(give=(2,))
+    # A new replica finds nothing free: it waits for a shard to be handed over.
+    assert decide(3, "b", {0: "a", 1: "a", 2: "c"}, ["a", "b", "c"]) == Moves()
+    # Alone: every shard (it counts itself when not yet listed).
+    assert decide(2, "a", {0: "", 1: ""}, []) == Moves(take=(0, 1))
+
+
+class Cuttable:
+    """One replica's way to the shared in-memory API server; ``cut`` makes every request fail, as a
+    replica partitioned from the API server sees it."""
+
+    def __init__(self, kube: MemoryKube) -> None:
+        self.kube = kube
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.kube, name)
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.cut:
+                raise ConnectionError("cut off from the API server")
+            return call(*args, **kwargs)
+
+        return guarded
+
+
+def test_a_replica_cut_off_stops_writing_before_another_takes_its_shard_over() -> None:
+    kube = MemoryKube()
+    ways = {"a": Cuttable(kube), "b": Cuttable(kube)}
+    running: dict[str, dict[int, Held]] = {"a": {}, "b": {}}
+    taken: list[tuple[str, int, float]] = []
+    overlaps: list[tuple[int, float]] = []
+
+    def replica(me: str) -> Shards:
+        flags: dict[int, asyncio.Event] = {}
+
+        async def start(k: int, held: Held) -> None:
+            running[me][k] = held
+            taken.append((me, k, time.monotonic()))
+            flags[k] = asyncio.Event()
+            await flags[k].wait()  # an operator runs until told to stop
+
+        async def stop(k: int) -> None:
+            running[me].pop(k, None)
+            flags.pop(k).set()
+
+        return Shards(ways[me], namespace="system", n=2, me=me, start=start, stop=stop,  # type: ignore[arg-type]
+                      lease_seconds=1, renew_every=0.2)  # fmt: skip
+
+    async def scenario() -> float:
+        stopping = asyncio.Event()
+        a, b = replica("a"), replica("b")
+        loops = [asyncio.create_task(a.run(stopping)), asyncio.create_task(b.run(stopping))]
+
+        async def watch() -> None:
+            while True:
+                for k in (0, 1):
+                    writers = [me for me in running if k in running[me] and running[me][k].writable()]
+                    if len(writers) > 1:
+                        overlaps.append((k, time.monotonic()))
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(1.5)
+        assert {k for held in running.values() for k in held} == {0, 1}
+        assert len(running["a"]) == 1 and len(running["b"]) == 1
+        lost = next(iter(running["b"]))
+        ways["b"].cut = True
+        cut_at = time.monotonic()
+        for _ in range(1000):  # a generous limit: the Lease lasts 1 s
+            if set(running["a"]) == {0, 1}:
+                break
+            await asyncio.sleep(0.01)
+        assert set(running["a"]) == {0, 1}, running
+        assert running["b"] == {}
+        moved_at = next(t for me, k, t in taken if me == "a" and k == lost)
+        ways["b"].cut = False
+        stopping.set()
+        await asyncio.gather(*loops)
+        watcher.cancel()
+        return moved_at - cut_at
+
+    moved = asyncio.run(scenario())
+    print(f"shard taken over {moved:.2f}s after its holder was cut off (lease 1 s, renewed every 0.2 s)")
+    assert overlaps == []  # b refused writes before a took its shard (sampled every 10 ms)
+    assert moved >= 0.8  # not before b's Lease could have expired (its last renewal was at most 0.2 s before)
+    # Every Lease was given up or deleted on the clean stop.
+    leases = kube.objects("/apis/coordination.k8s.io/v1/namespaces/system/leases")
+    assert [lease["metadata"]["name"] for lease in leases if lease["spec"].get("holderIdentity")] == []

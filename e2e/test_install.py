@@ -75,24 +75,30 @@ class ControllerAsServiceAccount(Controller):
     """`greyrelease run` with the ServiceAccount's kubeconfig, as the pod runs it (its Lease in
     greyrelease-system), but watching only the test's namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str, log: Path, kubeconfig: Path) -> None:
-        super().__init__(cluster, namespace, log, extra_env={"KUBECONFIG": str(kubeconfig)})
+    def __init__(
+        self, cluster: Cluster, namespace: str, log: Path, kubeconfig: Path, extra_args: list[str] | None = None
+    ) -> None:
+        super().__init__(cluster, namespace, log, extra_env={"KUBECONFIG": str(kubeconfig)}, extra_args=extra_args)
         self.health_port = free_port()
 
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace,
-             "--health-port", str(self.health_port), f"--leader-election-namespace={SYSTEM_NAMESPACE}"],
+             "--health-port", str(self.health_port), f"--leader-election-namespace={SYSTEM_NAMESPACE}", *self.args],
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
     def healthy(self) -> bool:
+        return self.health() is not None
+
+    def health(self) -> str | None:
+        """The body of /healthz (it names the replica's role), None while it does not answer 200."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
-                return resp.status == 200
+                return resp.read().decode() if resp.status == 200 else None
         except OSError:
-            return False
+            return None
 
     def denials(self) -> list[str]:
         return [line for line in self.log.read_text(errors="replace").splitlines() if DENIED_IN_LOG.search(line)]
@@ -255,3 +261,36 @@ def test_release_and_abort_with_only_the_shipped_rbac(
     time.sleep(1)  # let the last lines reach the log
     assert sa_controller.denials() == [], sa_controller.logs()
     assert sa_controller.proc is not None and sa_controller.proc.poll() is None, sa_controller.logs()
+
+
+def test_the_sharded_install_passes_a_server_side_dry_run(cluster: Cluster, installed: list[dict[str, Any]]) -> None:
+    built = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(ROOT / "config" / "sharded")).stdout) if d]
+    manager = next(d for d in built if d["kind"] == "Deployment")
+    assert manager["spec"]["replicas"] == 3 and "--shards=3" in manager["spec"]["template"]["spec"]["containers"][0]["args"]
+    proc = cluster.kubectl("apply", "-k", str(ROOT / "config" / "sharded"), "--dry-run=server")
+    assert "deployment.apps/greyrelease-controller created (server dry run)" in proc.stdout, proc.stdout
+
+
+def test_a_sharded_replica_runs_a_release_with_only_the_shipped_rbac(
+    cluster: Cluster, installed: list[dict[str, Any]], namespace: str, tmp_path: Path
+) -> None:
+    """One replica run with --shards 2 holds both shards (its Leases, its member Lease, the sharded lists and
+    watches), runs a release to the end, and is never denied anything."""
+    kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NAMESPACE, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig")
+    ctl = ControllerAsServiceAccount(cluster, namespace, tmp_path / "controller.log", kubeconfig, ["--shards", "2"])
+    ctl.start()
+    try:
+        wait_for(lambda: (ctl.health() or "").find("shards 0,1 of 2") >= 0, 60, "both shards held")
+        deploy_app(cluster, namespace, replicas=4)
+        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
+                                             batches=[{"replicas": 2, "pause": "1s"}, {"replicas": 4}],
+                                             trafficRouting=SERVICE))  # fmt: skip
+        st = ctl.wait_phase("web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
+        assert st["phase"] == "Succeeded", (st, ctl.logs())
+        time.sleep(1)  # let the last lines reach the log
+        assert ctl.denials() == [], ctl.logs()
+    finally:
+        ctl.stop()
+        drop_releases(cluster, namespace)
+    members = cluster.kubectl_json("get", "leases", "-n", SYSTEM_NAMESPACE, "-l", "greyrelease.io/member")["items"]
+    assert members == [], "the member Lease is deleted on a clean stop"

@@ -160,6 +160,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return print_plan(doc, replicas, start=start, rules=rules)
 
 
+def cmd_shards(args: argparse.Namespace) -> int:
+    """Which shard each namespace falls in, for ``run --shards N``: names that differ only at their end
+    hash close together and may share a shard."""
+    from .shards import shard_of
+
+    counts = [0] * args.n
+    for namespace in args.namespaces:
+        k = shard_of(namespace, args.n)
+        counts[k] += 1
+        print(f"{namespace}\t{k}")
+    print("per shard: " + ", ".join(f"{k}: {c}" for k, c in enumerate(counts)), file=sys.stderr)
+    return 0
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     from .crd import FILES, render
 
@@ -225,8 +239,24 @@ async def _run(args: argparse.Namespace) -> int:
             if health is not None:
                 await health.cleanup()
     if args.leader_elect:
+        from .shards import live_members
+
         lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
         state["role"] = "standby"
+
+        def sharded_alive() -> list[str]:
+            try:
+                return live_members(lease.kube, lease.namespace)
+            except Exception:  # unreachable, or no right to list Leases: nothing seen to wait for
+                return []
+
+        # Replicas run with --shards N (a rolling update from them to this one) drive the releases until
+        # they are gone; this one waits rather than drive them too.
+        while sharded := await asyncio.to_thread(sharded_alive):
+            logging.getLogger("greyrelease").info(
+                f"waiting for the replicas run with --shards to stop: {', '.join(sharded)}"
+            )
+            await asyncio.sleep(2.0)
         await lead(lease)
         keeper = asyncio.create_task(keep(lease, lost))
     state["role"] = "leader"
@@ -293,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--start", help="when the release would be applied (RFC 3339; default: now)")
 
     plan.set_defaults(func=cmd_plan)
+
+    shards = sub.add_parser("shards", help="the shard of each namespace under run --shards N")
+    shards.add_argument("n", type=_positive, metavar="N", help="the shard count")
+    shards.add_argument("namespaces", nargs="+", metavar="NAMESPACE")
+    shards.set_defaults(func=cmd_shards)
 
     crd = sub.add_parser("crd", help="print the CustomResourceDefinitions generated from the models")
     crd.add_argument("-d", "--output-dir", help="write one file per CRD into this directory")

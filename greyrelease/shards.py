@@ -39,7 +39,7 @@ from typing import Any
 
 from .api import Obj, parse_time
 from .kube import Kube, path
-from .leader import Lease
+from .leader import LEASE_NAME, Lease
 
 log = logging.getLogger("greyrelease.shards")
 
@@ -106,6 +106,38 @@ def live(lease: Obj | None, now: datetime) -> str:
     if not holder or renewed is None:
         return ""
     return holder if now < renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0)) else ""
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def older_other_count(members: Iterable[Obj], me: str, n: int, now: datetime) -> list[str]:
+    """The live members run with another shard count that joined before ``me``: while one is alive, ``me``
+    takes nothing. Their shards are other hash ranges under other Lease names, so the two groups would
+    drive the same releases at once; the group started first (the one being replaced, in a rolling update
+    that changes ``--shards``) keeps them until its last replica is gone."""
+    members = list(members)
+
+    def joined(m: Obj) -> datetime | None:
+        return parse_time((m.get("spec") or {}).get("acquireTime"))
+
+    mine = next((joined(m) for m in members if (m.get("spec") or {}).get("holderIdentity") == me), None)
+    found = []
+    for m in members:
+        holder, since, count = live(m, now), joined(m), labels_of(m).get(MEMBER_LABEL)
+        older = mine is None or (since is not None and since < mine)
+        if holder and holder != me and count != str(n) and older:
+            found.append(f"{holder} (--shards {count})")
+    return found
+
+
+def live_members(kube: Kube, namespace: str) -> list[str]:
+    """The replicas run with ``--shards`` (any count) alive now: a controller run with ``--shards 1`` waits
+    for them to stop before it takes its Lease."""
+    now = datetime.now(UTC)
+    leases = kube.list(path("coordination.k8s.io", "v1", "leases", namespace), label_selector=MEMBER_LABEL)
+    return [h for m in leases if (h := live(m, now))]
 
 
 @dataclass(frozen=True)
@@ -180,17 +212,19 @@ class Shards:
         self.renew_every = renew_every
         self.held: dict[int, Held] = {}
         self.changed: Callable[[list[int]], None] = lambda _: None
+        self._announced = False
 
     def _lease(self, name: str, labels: dict[str, str] | None = None) -> Lease:
         return Lease(self.kube, namespace=self.namespace, name=name, me=self.me,
                      lease_seconds=self.lease_seconds, labels=labels)  # fmt: skip
 
-    def _look(self) -> tuple[dict[int, str], list[str]]:
-        """The live holder of each shard and the live members, as the API server has them now."""
+    def _look(self) -> tuple[dict[int, str], list[Obj], Obj | None]:
+        """The live holder of each shard, the member Leases (of every shard count) and the Lease of a
+        controller run with ``--shards 1``, as the API server has them now."""
         now = datetime.now(UTC)
         holders = {k: live(self.kube.get(self._lease(lease_name(k, self.n)).path), now) for k in range(self.n)}
         members = self.kube.list(path("coordination.k8s.io", "v1", "leases", self.namespace),
-                                 label_selector=f"{MEMBER_LABEL}={self.n}")  # fmt: skip
+                                 label_selector=MEMBER_LABEL)  # fmt: skip
         for m in members:
             # A member that stopped without deleting its Lease (killed) is forgotten after a while.
             renewed = parse_time((m.get("spec") or {}).get("renewTime"))
@@ -198,7 +232,7 @@ class Shards:
                 with contextlib.suppress(Exception):
                     self.kube.delete(path("coordination.k8s.io", "v1", "leases", self.namespace,
                                           m["metadata"]["name"]))  # fmt: skip
-        return holders, [h for m in members if (h := live(m, now))]
+        return holders, members, self.kube.get(self._lease(LEASE_NAME).path)
 
     # the loop ------------------------------------------------------------------------------------------------
 
@@ -231,16 +265,29 @@ class Shards:
                           "stopping it")  # fmt: skip
                 await self._drop(k, release=False)
         try:
-            holders, members = await asyncio.to_thread(self._look)
+            holders, members, leader = await asyncio.to_thread(self._look)
         except Exception as err:  # an unreachable API server: hold on to what is held, take nothing
             log.warning(f"shard leases not read: {err}")
             return
+        now = datetime.now(UTC)
+        older = older_other_count(members, self.me, self.n, now)
+        if single := live(leader, now):
+            older.append(f"{single} (--shards 1)")
+        if older:
+            for k in sorted(self.held):
+                await self._drop(k, release=True)
+            if not self._announced:
+                log.info(f"waiting for the replicas run with another shard count to stop: {', '.join(older)}")
+                self._announced = True
+            return
+        self._announced = False
         # What this replica holds is what it renewed, whatever a read just before the renewal said.
         holders = {k: (self.me if k in self.held else ("" if h == self.me else h)) for k, h in holders.items()}
-        moves = decide(self.n, self.me, holders, members)
+        peers = [h for m in members if labels_of(m).get(MEMBER_LABEL) == str(self.n) and (h := live(m, now))]
+        moves = decide(self.n, self.me, holders, peers)
         for k in moves.give:
             log.info(f"shard {k}: handing over (holding more than a fair share of {self.n} over "
-                     f"{len(set(members) | {self.me})} replicas)")  # fmt: skip
+                     f"{len(set(peers) | {self.me})} replicas)")  # fmt: skip
             await self._drop(k, release=True)
         for k in moves.take:
             if await self._safely(self._lease(lease_name(k, self.n)).try_hold):

@@ -7,11 +7,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from greyrelease.kube import MemoryKube
-from greyrelease.shards import SPACE, Held, Moves, Shards, bounds, decide, fnv1a64, selector, shard_of
+from greyrelease.shards import (
+    SPACE,
+    Held,
+    Moves,
+    Shards,
+    bounds,
+    decide,
+    fnv1a64,
+    older_other_count,
+    selector,
+    shard_of,
+)
 
 
 def test_the_hash_is_fnv_1a_64_as_the_api_server_computes_it() -> None:
@@ -146,3 +158,59 @@ def test_a_replica_cut_off_stops_writing_before_another_takes_its_shard_over() -
     # Every Lease was given up or deleted on the clean stop.
     leases = kube.objects("/apis/coordination.k8s.io/v1/namespaces/system/leases")
     assert [lease["metadata"]["name"] for lease in leases if lease["spec"].get("holderIdentity")] == []
+
+
+def member(holder: str, count: int, joined: str, renewed: str = "2026-12-04T10:00:05Z") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"greyrelease-member-{holder}", "labels": {"greyrelease.io/member": str(count)}},
+        "spec": {"holderIdentity": holder, "acquireTime": joined, "renewTime": renewed, "leaseDurationSeconds": 10},
+    }
+
+
+def test_replicas_run_with_another_shard_count_hold_the_releases_while_they_started_first() -> None:
+    now = datetime(2026, 12, 4, 10, 0, 10, tzinfo=UTC)
+    old = member("old", 3, "2026-12-04T09:00:00Z")
+    new = member("new", 4, "2026-12-04T10:00:00Z")
+    # The newer group waits for the older one (a rolling update from --shards 3 to --shards 4)...
+    assert older_other_count([old, new], "new", 4, now) == ["old (--shards 3)"]
+    # ...which goes on as if the newer one were not there.
+    assert older_other_count([old, new], "old", 3, now) == []
+    # A member of the other count that is no longer renewed is not waited for.
+    gone = member("old", 3, "2026-12-04T09:00:00Z", renewed="2026-12-04T09:59:00Z")
+    assert older_other_count([gone, new], "new", 4, now) == []
+
+
+def test_a_replica_takes_nothing_while_an_older_replica_runs_with_another_shard_count() -> None:
+    kube = MemoryKube()
+    kube.put({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "greyrelease-member-old", "namespace": "system",
+                     "labels": {"greyrelease.io/member": "3"}},
+        "spec": {"holderIdentity": "old", "acquireTime": "2026-01-01T00:00:00.000000Z",
+                 "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "leaseDurationSeconds": 30},
+    })  # fmt: skip
+    started: list[int] = []
+
+    async def start(k: int, held: Held) -> None:
+        started.append(k)
+
+    async def stop(k: int) -> None:
+        pass
+
+    async def scenario() -> None:
+        stopping = asyncio.Event()
+        shards = Shards(kube, namespace="system", n=2, me="new", start=start, stop=stop, lease_seconds=1,
+                        renew_every=0.1)  # fmt: skip
+        loop = asyncio.create_task(shards.run(stopping))
+        await asyncio.sleep(0.6)
+        assert started == [] and shards.held == {}
+        kube.delete("/apis/coordination.k8s.io/v1/namespaces/system/leases/greyrelease-member-old")
+        for _ in range(500):
+            if len(started) == 2:
+                break
+            await asyncio.sleep(0.01)
+        stopping.set()
+        await loop
+
+    asyncio.run(scenario())
+    assert sorted(started) == [0, 1]

@@ -188,6 +188,11 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import os
 
+    if args.shards > 1 and not args.leader_elect:
+        print("error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect",
+              file=sys.stderr)  # fmt: skip
+        return 2
+
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

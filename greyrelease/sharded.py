@@ -66,6 +66,7 @@ async def run_sharded(
     flags: dict[int, asyncio.Event] = {}
     stopping = asyncio.Event()
     asked: set[int] = set()
+    failed: list[int] = []
 
     async def start(k: int, held: Held) -> None:
         asked.discard(k)
@@ -74,11 +75,15 @@ async def run_sharded(
             namespaces=namespaces, governing=governing, phases=phases, user_agent=api.user_agent,
             shard=Shard(selector([k], n), held.writable),
         )  # fmt: skip
-        await kopf.operator(
-            clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=flag, memo=memo
-        )
+        try:
+            await kopf.operator(
+                clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=flag, memo=memo
+            )
+        except Exception:
+            log.exception(f"shard {k}: the operator failed")
+            failed.append(k)
         if k not in asked:
-            stopping.set()  # stopped by a signal (kopf handles SIGTERM and SIGINT), not handed over
+            stopping.set()  # stopped by a signal (kopf handles SIGTERM and SIGINT) or failed, not handed over
 
     async def stop(k: int) -> None:
         asked.add(k)
@@ -100,4 +105,4 @@ async def run_sharded(
     changed([])
     log.info(f"replica {me}: sharing {n} shards")
     await shards.run(stopping)
-    return 0
+    return 1 if failed else 0

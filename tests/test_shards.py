@@ -214,3 +214,18 @@ def test_a_replica_takes_nothing_while_an_older_replica_runs_with_another_shard_
 
     asyncio.run(scenario())
     assert sorted(started) == [0, 1]
+
+
+def test_the_command_line_refuses_shards_without_leases_and_tells_where_a_namespace_falls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from greyrelease.cli import main
+
+    assert main(["run", "--shards", "2", "--no-leader-elect"]) == 2
+    assert "--no-leader-elect" in capsys.readouterr().err
+    assert main(["shards", "3", "default", "kube-node-lease"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["default\t2", "kube-node-lease\t0"]
+    # A local API server asked for the lower half of the hash space listed kube-node-lease's objects, and for
+    # the upper half those of default: their hashes are 0x021f... and 0xebad....
+    assert err.startswith("per shard: ")

@@ -1,8 +1,9 @@
-"""The long-run memory benchmark's arithmetic: the slope and the early / late figures."""
+"""The long-run memory and the shard benchmarks' arithmetic: the slope, the early / late figures, the layout."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from bench.soak import slope_per_hour, summarize
 
@@ -24,3 +25,12 @@ def test_the_summary_compares_the_minutes_after_the_first_round_with_the_last_on
     assert s["rss_late_mean_mib"] == 160.0
     assert s["rss_peak_mib"] == 160.0
     assert s["slope_mib_per_hour"] == 0.0  # flat from the second round's end on
+
+
+def test_the_shard_benchmark_spreads_its_namespaces_evenly_over_the_shards() -> None:
+    from bench.shards import balanced_namespaces
+    from greyrelease.shards import shard_of
+
+    names = balanced_namespaces(30, 3)
+    assert len(set(names)) == 30
+    assert sorted(Counter(shard_of(ns, 3) for ns in names).values()) == [10, 10, 10]

@@ -207,6 +207,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .metrics import serve
 
         serve(args.metrics_port)
+    from .memprofile import enable
+
+    enable()  # only with GREYRELEASE_TRACEMALLOC set: a profiling run
     return asyncio.run(_run(args))
 
 

@@ -1,0 +1,34 @@
+"""The memory profile of a profiling run: SIGUSR1 writes where the allocations are."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from greyrelease import memprofile
+
+
+def test_sigusr1_writes_the_largest_allocation_sites(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "memory.txt"
+    monkeypatch.setenv(memprofile.ENV, str(out))
+    previous = signal.getsignal(signal.SIGUSR1)
+    memprofile.enable()
+    try:
+        held = [bytearray(1024) for _ in range(4096)]  # 4 MiB from this line
+        os.kill(os.getpid(), signal.SIGUSR1)
+        text = out.read_text()
+    finally:
+        tracemalloc.stop()
+        signal.signal(signal.SIGUSR1, previous)
+    assert text.startswith("traced: ")
+    assert "held = [bytearray(1024)" in text.splitlines()[2]  # the largest site first
+    assert len(held) == 4096
+
+
+def test_without_the_variable_nothing_is_traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memprofile.ENV, raising=False)
+    memprofile.enable()
+    assert not tracemalloc.is_tracing()

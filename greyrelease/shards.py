@@ -175,7 +175,6 @@ class Held:
     renewed: float
     lease_seconds: int
     renew_every: float
-    stop: Callable[[], Awaitable[None]] | None = None
     running: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def writable(self) -> bool:

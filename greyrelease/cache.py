@@ -119,6 +119,20 @@ class Store:
             self._objects.pop(key, None)
             self._gone[key] = version
 
+    def absent(self, namespace: str, name: str) -> bool:
+        """Known not to exist: deleted (a watch event or our own delete) or answered 404, and not seen since."""
+        key = (namespace, name)
+        with self._lock:
+            return key not in self._objects and key in self._gone
+
+    def mark_absent(self, namespace: str, name: str) -> None:
+        """The API server answered 404 for the object: remember it as absent, unless a body has been folded
+        meanwhile (a watch event newer than the answer)."""
+        key = (namespace, name)
+        with self._lock:
+            if key not in self._objects:
+                self._gone.setdefault(key, None)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop the object, whatever its version (a write to it was answered 404)."""
         self.delete({"metadata": {"namespace": namespace, "name": name}})
@@ -326,10 +340,22 @@ class CachedKube:
                 if obj is not None:
                     self.hits += 1
                     return obj
+                if store.absent(loc.namespace, loc.name):
+                    # Deleted, or asked for before and not found: a release reads its canary Deployment on
+                    # every pass, also long after the promotion removed it (measured at N = 3,000, each
+                    # finished release's resync pass made it a GET: 550 a minute while idle).
+                    self.hits += 1
+                    return None
             self.misses += 1
         obj = self.inner.get(path)
-        if obj is not None and found is not None:
-            found[0].fold(obj)
+        if found is not None:
+            store, loc = found
+            if obj is not None:
+                store.fold(obj)
+            elif not loc.sub:
+                ready = self._stores[loc.collection][1]
+                if ready is None or ready():
+                    store.mark_absent(loc.namespace, loc.name)
         return obj
 
     def list(self, path: str, *, label_selector: str | None = None) -> list[Obj]:

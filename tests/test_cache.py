@@ -121,6 +121,31 @@ def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachedKu
     assert len(api.requests) == 1
     assert client.get(f"{DEPLOYMENTS}/missing") is None
     assert (client.hits, client.misses) == (2, 2)
+    # Not found is remembered: asked again, nothing goes to the API server until the watch brings it.
+    assert client.get(f"{DEPLOYMENTS}/missing") is None
+    assert len(api.requests) == 2 and (client.hits, client.misses) == (3, 2)
+    store.fold(obj("missing", 7))
+    assert client.get(f"{DEPLOYMENTS}/missing") is not None and len(api.requests) == 2
+
+
+def test_a_deleted_object_is_answered_from_memory_without_asking(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, store = kube
+    client.create(DEPLOYMENTS, {"metadata": {"name": "web-canary"}})
+    client.delete(f"{DEPLOYMENTS}/web-canary")  # the promotion removes the canary
+    api.requests.clear()
+    for _ in range(3):
+        assert client.get(f"{DEPLOYMENTS}/web-canary") is None
+    assert api.requests == []
+    # Created again (by us): served from the create's answer.
+    client.create(DEPLOYMENTS, {"metadata": {"name": "web-canary"}})
+    assert client.get(f"{DEPLOYMENTS}/web-canary") is not None
+
+
+def test_a_not_found_answer_does_not_hide_a_body_folded_meanwhile() -> None:
+    store = Store()
+    store.fold(obj("web", 5))  # the watch brought it while a GET was on its way
+    store.mark_absent("default", "web")  # that GET's late 404
+    assert store.get("default", "web") is not None and not store.absent("default", "web")
 
 
 def test_writes_fold_their_responses(kube: tuple[CachedKube, MemoryKube, Store]) -> None:

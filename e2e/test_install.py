@@ -266,7 +266,8 @@ def test_release_and_abort_with_only_the_shipped_rbac(
 def test_the_sharded_install_passes_a_server_side_dry_run(cluster: Cluster, installed: list[dict[str, Any]]) -> None:
     built = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(ROOT / "config" / "sharded")).stdout) if d]
     manager = next(d for d in built if d["kind"] == "Deployment")
-    assert manager["spec"]["replicas"] == 3 and "--shards=3" in manager["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = manager["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert manager["spec"]["replicas"] == 3 and "--shards=3" in args
     proc = cluster.kubectl("apply", "-k", str(ROOT / "config" / "sharded"), "--dry-run=server")
     assert "deployment.apps/greyrelease-controller created (server dry run)" in proc.stdout, proc.stdout
 

@@ -129,7 +129,7 @@ def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachedKu
 
 
 def test_a_deleted_object_is_answered_from_memory_without_asking(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, api, store = kube
+    client, api, _ = kube
     client.create(DEPLOYMENTS, {"metadata": {"name": "web-canary"}})
     client.delete(f"{DEPLOYMENTS}/web-canary")  # the promotion removes the canary
     api.requests.clear()

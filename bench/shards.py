@@ -86,8 +86,11 @@ class Narrowings(threading.Thread):
             return
 
     def close(self) -> None:
+        """End the watch: its socket is shut down (the reading thread returns) and the connection dropped,
+        never handed back to the client's pool while the thread may still read from it."""
         if self._resp is not None:
-            self._resp.release_conn()
+            self._resp.shutdown()
+            self._resp.close()
 
 
 def run_shards(

@@ -301,9 +301,12 @@ class CachedKube:
     """A :class:`~greyrelease.kube.Kube` whose GETs of cached collections are answered from memory.
 
     It wraps another Kube (the API server's client, or an in-memory one in tests). A GET of an object the
-    Store does not hold (not yet seen, or not there) goes through, and its answer is kept. Creates and
-    patches go through and their responses are folded in; a DELETE's outcome is folded in too. A write
-    answered 404 drops the object from memory: it is gone whatever the Store last heard.
+    Store does not hold goes through, and its answer is kept, a 404 as "absent": an object known to be
+    gone (deleted, or not found) is answered None from memory until a watch event or a write of ours
+    brings it back. Creates and patches go through and their responses are folded in; a DELETE's outcome
+    is folded in too. A write answered 404 drops the object from memory: it is gone whatever the Store
+    last heard. With ``writable`` (a replica's hold on its shard), every write asks it first and is
+    refused with :class:`NotHeld` when it says no.
     """
 
     def __init__(self, inner: Kube, *, writable: Callable[[], bool] | None = None) -> None:

@@ -217,12 +217,21 @@ def run_shards(
              600, "namespaces deleted", 2)  # fmt: skip
 
 
+def commit() -> str:
+    """The commit measured (with "+changes" when the work tree differs from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True)  # fmt: skip
+    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
+
+
 def report(results: list[dict[str, Any]], out: Path, command: str) -> None:
     lines = [
         "# One replica and several: shards",
         "",
-        f"Produced by `{command}` on the local cluster (KWOK nodes), 2 cores shared by the control plane and",
-        "every replica. Each release: a 2-replica Deployment and its Service; batch 1 = 1 canary pod with a 2 s",
+        f"Produced by `{command}` at commit `{commit()}` on the local cluster (KWOK nodes), 2 cores shared by the",
+        "control plane and every replica. Each release: a 2-replica Deployment and its Service; batch 1 = 1",
+        "canary pod with a 2 s",
         "pause, batch 2 = all pods, then promotion. The releases are spread evenly over the namespaces, and the",
         "namespaces evenly over the shards.",
         "",

@@ -20,6 +20,7 @@ Usage: python -m bench.run --sizes 100 500 1000 [--out bench/RESULTS.md]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -251,9 +252,29 @@ def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: flo
     raise TimeoutError(what)
 
 
-def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[str, Any]:
-    ns = f"bench-{n}"
-    gr_path = path("greyrelease.io", "v1", "greyreleases", ns)
+@contextlib.contextmanager
+def bench_cluster(workdir: Path) -> Iterator[tuple[Cluster, KubeClient]]:
+    """The cluster KUBECONFIG points at, else a local one started in ``workdir`` (stopped at the end), with
+    the CRDs applied; and a client whose own writes are not counted as the controller's."""
+    cluster = external_cluster()
+    local = None
+    if cluster is None:
+        local = LocalCluster(workdir / "cluster")
+        local.start()
+        cluster = local
+    try:
+        cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
+        kube = KubeClient.from_environment(str(cluster.kubeconfig))
+        kube.user_agent = "bench"
+        yield cluster, kube
+    finally:
+        if local is not None:
+            local.stop()
+
+
+def namespace_of_apps(cluster: Cluster, kube: KubeClient, ns: str, n: int) -> list[str]:
+    """The namespace ``ns`` with ``n`` ready apps (a 2-replica Deployment and its Service each); their names."""
     kube.create(path("", "v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     cluster.wait_for_namespace_ready(ns, timeout=60)
     names = [f"app-{i:04d}" for i in range(n)]
@@ -270,6 +291,13 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         return sum(1 for d in items if d.get("status", {}).get("readyReplicas") == 2) == n
 
     wait(all_ready, 600, "apps ready", 2)
+    return names
+
+
+def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[str, Any]:
+    ns = f"bench-{n}"
+    gr_path = path("greyrelease.io", "v1", "greyreleases", ns)
+    names = namespace_of_apps(cluster, kube, ns, n)
 
     log = (workdir / f"controller-{n}.log").open("wb")
     metrics_port = free_port()
@@ -542,17 +570,7 @@ def main() -> int:
     args = parser.parse_args()
     command = "python -m bench.run --sizes " + " ".join(map(str, args.sizes))
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-bench-"))
-    cluster = external_cluster()
-    local = None
-    if cluster is None:
-        local = LocalCluster(workdir / "cluster")
-        local.start()
-        cluster = local
-    try:
-        cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
-        kube = KubeClient.from_environment(str(cluster.kubeconfig))
-        kube.user_agent = "bench"  # its own writes are not counted as the controller's
+    with bench_cluster(workdir) as (cluster, kube):
         results = []
         for n in args.sizes:
             print(f"N = {n} ...", flush=True)
@@ -560,9 +578,6 @@ def main() -> int:
             print(json.dumps(result), flush=True)
             results.append(result)
             report(results, command, Path(args.out))
-    finally:
-        if local is not None:
-            local.stop()
     print(f"wrote {args.out}; controller logs in {workdir}")
     return 0
 

@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from e2e.controller import CRD, POLICY_CRD
-from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
+from e2e.harness.controlplane import Cluster
 from e2e.harness.process import free_port
 from greyrelease.api import parse_time
 from greyrelease.kubeclient import KubeClient, path
 from greyrelease.shards import shard_of
 
-from bench.run import PAUSE, ROOT, ProcStats, app, controller_writes, parallel, pct, release, wait
+from bench.run import PAUSE, ROOT, ProcStats, app, bench_cluster, controller_writes, parallel, pct, release, wait
 
 SYSTEM = "bench-shards-system"
 GREYRELEASES = path("greyrelease.io", "v1", "greyreleases")
@@ -260,17 +259,7 @@ def main() -> int:
     command = (f"python -m bench.shards --n {args.n} --shards {' '.join(map(str, args.shards))} "
                f"--namespaces {args.namespaces}")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-shards-"))
-    cluster = external_cluster()
-    local = None
-    if cluster is None:
-        local = LocalCluster(workdir / "cluster")
-        local.start()
-        cluster = local
-    try:
-        cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
-        kube = KubeClient.from_environment(str(cluster.kubeconfig))
-        kube.user_agent = "bench"
+    with bench_cluster(workdir) as (cluster, kube):
         namespaces = balanced_namespaces(args.namespaces, max(args.shards))
         results = []
         for k in args.shards:
@@ -278,9 +267,6 @@ def main() -> int:
             results.append(run_shards(cluster, kube, args.n, k, namespaces, workdir))
             print(json.dumps(results[-1]), flush=True)
             report(results, Path(args.out), command)
-    finally:
-        if local is not None:
-            local.stop()
     print(f"wrote {args.out}; controller logs in {workdir}")
     return 0
 

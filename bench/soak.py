@@ -21,12 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e.controller import CRD, POLICY_CRD
-from e2e.harness.controlplane import LocalCluster, external_cluster
 from e2e.harness.process import free_port
 from greyrelease.kubeclient import KubeClient, path
 
-from bench.run import ROOT, ProcStats, app, parallel, release, wait
+from bench.run import ROOT, ProcStats, bench_cluster, namespace_of_apps, parallel, release, wait
 
 SAMPLE_EVERY = 10.0
 
@@ -119,18 +117,7 @@ def report(summary: dict[str, Any], out: Path, command: str) -> None:
 def soak(cluster: Any, kube: KubeClient, n: int, minutes: float, workdir: Path) -> dict[str, Any]:
     ns = f"soak-{n}"
     gr_path = path("greyrelease.io", "v1", "greyreleases", ns)
-    kube.create(path("", "v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    cluster.wait_for_namespace_ready(ns, timeout=60)
-    names = [f"app-{i:04d}" for i in range(n)]
-
-    def make(name: str) -> None:
-        dep, svc = app(name)
-        kube.create(path("apps", "v1", "deployments", ns), dep)
-        kube.create(path("", "v1", "services", ns), svc)
-
-    parallel(make, names)
-    wait(lambda: sum(1 for d in kube.list(path("apps", "v1", "deployments", ns))
-                     if (d.get("status") or {}).get("readyReplicas") == 2) == n, 600, "apps ready", 2)  # fmt: skip
+    names = namespace_of_apps(cluster, kube, ns, n)
     log = (workdir / f"controller-soak-{n}.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "greyrelease", "run", "--namespace", ns, "--no-leader-elect",
@@ -185,23 +172,10 @@ def main() -> int:
     args = parser.parse_args()
     command = f"python -m bench.soak --n {args.n} --minutes {args.minutes:g}"
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-soak-"))
-    cluster = external_cluster()
-    local = None
-    if cluster is None:
-        local = LocalCluster(workdir / "cluster")
-        local.start()
-        cluster = local
-    try:
-        cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
-        kube = KubeClient.from_environment(str(cluster.kubeconfig))
-        kube.user_agent = "bench"
+    with bench_cluster(workdir) as (cluster, kube):
         summary = soak(cluster, kube, args.n, args.minutes, workdir)
         report(summary, Path(args.out), command)
         print(json.dumps({k: v for k, v in summary.items() if k != "round_ends"}), flush=True)
-    finally:
-        if local is not None:
-            local.stop()
     print(f"wrote {args.out}; controller log in {workdir}")
     return 0
 

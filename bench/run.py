@@ -169,26 +169,52 @@ def api_latency(kube: KubeClient) -> tuple[Counter[tuple[str, str]], Counter[tup
     return api_counts(kube, name, "_sum"), api_counts(kube, name, "_count")
 
 
-def reconcile_durations(port: int) -> dict[str, float]:
-    """The controller's reconcile pass durations (its /metrics histogram, queueing for a thread included):
-    the mean and the bucket bound under which 99% fall."""
+def _histograms(port: int, name: str) -> dict[str, tuple[list[tuple[float, float]], float, float]]:
+    """One histogram of the controller's /metrics, by its label values: (buckets (le, count), sum, count)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics").data.decode()
-    buckets: list[tuple[float, float]] = []
-    total = count = 0.0
+    out: dict[str, tuple[list[tuple[float, float]], float, float]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != "greyrelease_reconcile_duration_seconds":
+        if family.name != name:
             continue
         for sample in family.samples:
+            key = ",".join(v for k, v in sorted(sample.labels.items()) if k != "le")
+            buckets, total, count = out.get(key, ([], 0.0, 0.0))
             if sample.name.endswith("_bucket"):
                 buckets.append((float(sample.labels["le"]), sample.value))
             elif sample.name.endswith("_sum"):
                 total = sample.value
             elif sample.name.endswith("_count"):
                 count = sample.value
-    p99 = next((le for le, n in sorted(buckets) if count and n >= 0.99 * count), float("nan"))
+            out[key] = (buckets, total, count)
+    return out
+
+
+def _le(buckets: list[tuple[float, float]], count: float, share: float) -> float:
+    """The bucket bound under which ``share`` of the observations fall."""
+    return next((le for le, n in sorted(buckets) if count and n >= share * count), float("nan"))
+
+
+def reconcile_durations(port: int) -> dict[str, float]:
+    """The controller's reconcile pass durations (its /metrics histogram, queueing for a thread included):
+    the mean and the bucket bound under which 99% fall."""
+    buckets, total, count = _histograms(port, "greyrelease_reconcile_duration_seconds").get("", ([], 0.0, 0.0))
+    p99 = _le(buckets, count, 0.99)
     return {"passes": count, "mean_s": round(total / count, 4) if count else float("nan"), "p99_le_s": p99}
+
+
+def gc_pauses(port: int) -> dict[str, float]:
+    """The controller's garbage collections of the oldest generation (the long ones: every thread waits):
+    how many, their total, and the bucket bound of the longest; and the total of all generations."""
+    by_generation = _histograms(port, "greyrelease_gc_pause_seconds")
+    buckets, total, count = by_generation.get("2", ([], 0.0, 0.0))
+    return {
+        "gen2_n": count,
+        "gen2_s": round(total, 3),
+        "gen2_max_le_s": _le(buckets, count, 1.0),
+        "all_s": round(sum(t for _, t, _ in by_generation.values()), 3),
+    }
 
 
 def controller_writes(cluster: Cluster, namespace: str, since: datetime) -> Counter[str]:
@@ -353,6 +379,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         counts1 = api_counts(kube)
         latency1 = api_latency(kube)
         passes = reconcile_durations(metrics_port)
+        collections = gc_pauses(metrics_port)
         release_writes = controller_writes(cluster, ns, started)
 
         # Idle: every release finished and the cluster has settled (the promoted canaries' pods are
@@ -419,6 +446,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
             "requests_per_release": per_release,
             "api_latency_ms": api_ms,
             "reconcile": passes,
+            "gc": collections,
             "writes_per_transition": round(sum(release_writes.values()) / (2 * n), 2),
             "writes_per_transition_by_resource": {k: round(v / (2 * n), 2) for k, v in sorted(release_writes.items())},
             "idle_writes_60s": sum(idle_writes.values()),
@@ -522,6 +550,15 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
             f"| reconcile passes per release; mean pass; 99% of passes under "
             f"| {r['reconcile']['passes'] / r['n']:.1f}; "
             f"{1000 * r['reconcile']['mean_s']:.1f} ms; {r['reconcile']['p99_le_s']:g} s |",
+            *(
+                [
+                    f"| garbage collections of the oldest generation (every thread waits): count; total; longest "
+                    f"under; all generations' total | {r['gc']['gen2_n']:g}; {r['gc']['gen2_s']} s; "
+                    f"{r['gc']['gen2_max_le_s']:g} s; {r['gc']['all_s']} s |"
+                ]
+                if "gc" in r
+                else []
+            ),
             "",
             "Mean API server time per request during the releases (its own `apiserver_request_duration_seconds`,",
             "all clients), for requests made at least N times:",

@@ -192,6 +192,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect",
               file=sys.stderr)  # fmt: skip
         return 2
+    from . import collector
+
+    try:
+        collector.configure()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -5,12 +5,17 @@
 - ``greyrelease_rollbacks_total{reason}``: rollbacks started, by reason (Aborted, AnalysisFailed, ...)
 - ``greyrelease_reconcile_duration_seconds``: one pass (observe, decide, act, record)
 - ``greyrelease_prometheus_query_duration_seconds`` and ``greyrelease_prometheus_query_errors_total``
+- ``greyrelease_gc_pause_seconds{generation}``: Python's cyclic garbage collections, which stop every
+  thread of the process while they run (the oldest generation's grow with the objects held in memory)
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from collections import Counter as _Counter
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -38,6 +43,12 @@ QUERY = Histogram(
     "Duration of one Prometheus query, retries included.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+GC_PAUSE = Histogram(
+    "greyrelease_gc_pause_seconds",
+    "Duration of one cyclic garbage collection (every thread waits for it), by generation.",
+    ["generation"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 QUERY_ERRORS = Counter("greyrelease_prometheus_query_errors_total", "Prometheus queries that failed after retries.")
 
 _ROLLED_BACK = (Phase.ROLLING_BACK, Phase.ABORTED, Phase.FAILED)
@@ -45,30 +56,61 @@ _ROLLBACK_REASONS = {
     R.ABORTED, R.PROGRESS_DEADLINE, R.ANALYSIS_FAILED, R.TARGET_DELETED, R.CANARY_CONFLICT,
 }  # fmt: skip
 class Phases:
-    """The phase of each release as last reconciled by this process, behind ``greyrelease_releases``."""
+    """The phase of each release as last reconciled by this process, behind ``greyrelease_releases``.
+
+    Counted as phases change rather than recounted on each pass: a recount was O(releases) on the event
+    loop for every pass (36 of 2,462 samples at N = 500, growing with N)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
-        self._seen: set[str] = set()
+        self._counts: _Counter[str] = _Counter()
 
     def record(self, key: tuple[str, str], plan: Plan | None) -> None:
         """Count what one reconcile did; ``plan`` None when the release is gone."""
         with self._lock:
-            if plan is None:
-                self._phases.pop(key, None)
-            else:
-                self._phases[key] = plan.status.phase or "Pending"
+            before = self._phases.pop(key, None)
+            after = None
+            if plan is not None:
+                after = self._phases[key] = plan.status.phase or "Pending"
                 for event in plan.events:
                     if event.reason == R.BATCH_READY:
                         TRANSITIONS.inc()
                     elif event.reason in _ROLLBACK_REASONS and plan.status.phase in _ROLLED_BACK:
                         ROLLBACKS.labels(reason=event.reason).inc()
-            counts = _Counter(self._phases.values())
-            self._seen.update(counts)
-            for phase in self._seen:  # a phase nobody is in any more reads 0, not its last count
-                RELEASES.labels(phase=phase).set(counts.get(phase, 0))
+            if before == after:
+                return
+            if before is not None:  # a phase nobody is in any more reads 0, not its last count
+                self._counts[before] -= 1
+                RELEASES.labels(phase=before).set(self._counts[before])
+            if after is not None:
+                self._counts[after] += 1
+                RELEASES.labels(phase=after).set(self._counts[after])
+
+
+class _GcClock:
+    """Times each collection through ``gc.callbacks``: called at its start and its end, in the thread
+    that triggered it. The histogram's children are made here, beforehand: a child made in the callback
+    would take the metric's lock, which the same thread may hold if it was making a child when the
+    collection began."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.by_generation = [GC_PAUSE.labels(str(g)) for g in range(3)]
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started:
+            self.by_generation[info["generation"]].observe(time.perf_counter() - self.started)
+
+
+def time_gc() -> None:
+    """Observe every garbage collection in ``greyrelease_gc_pause_seconds`` (once a process)."""
+    if not any(isinstance(cb, _GcClock) for cb in gc.callbacks):
+        gc.callbacks.append(_GcClock())
 
 
 def serve(port: int) -> None:
+    time_gc()
     start_http_server(port, addr="0.0.0.0")

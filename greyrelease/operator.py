@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import kopf
 
-from . import metrics
+from . import collector, metrics
 from .api import GROUP, PLURAL, VERSION, Obj
 from .kubeclient import KubeClient
 from .policies import Governing
@@ -98,6 +98,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         )  # fmt: skip
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
         await rt.watch(api, list(memo.get("namespaces") or []))
+        collector.settle()  # what the process holds once started is not walked by collections again
 
 
 @kopf.on.cleanup()

@@ -1201,7 +1201,9 @@ def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
         prev = old.get(ctype)
         message = status.message if true else ""
         if prev is not None and prev.status == value:
-            out.append(prev.model_copy(update={"reason": reason, "message": message}))
+            # Most passes change nothing here; a copy of each condition was 4 % of the CPU at N = 500.
+            same = prev.reason == reason and prev.message == message
+            out.append(prev if same else prev.model_copy(update={"reason": reason, "message": message}))
         else:
             out.append(Condition(type=ctype, status=value, reason=reason, message=message, last_transition_time=now))
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from greyrelease.actions import Event
 from greyrelease.api import GreyReleaseStatus, Phase
 from greyrelease.kube import ApiError, MemoryKube, path
@@ -67,10 +68,17 @@ def test_an_event_the_api_server_refuses_does_not_stop_the_pass() -> None:
 # --- the status is written only when it changes ---------------------------------------------------
 
 
-def test_a_status_with_null_fields_equal_to_the_stored_one_is_not_written_again() -> None:
+@pytest.mark.parametrize("extra", [
+    {},
+    # endPhase's None is written as "" (not dropped like other nulls); conditions and metrics, lists of objects.
+    {"phase": "RollingBack", "endPhase": "Aborted", "metrics": [{"name": "errors", "successes": 1}],
+     "conditions": [{"type": "Healthy", "status": "False", "reason": "RollingBack", "message": "",
+                     "lastTransitionTime": "2026-01-01T12:00:00.000Z"}]},
+])  # fmt: skip
+def test_a_status_with_null_fields_equal_to_the_stored_one_is_not_written_again(extra: dict[str, Any]) -> None:
     status = GreyReleaseStatus.model_validate({
         "phase": "Paused", "currentBatch": 1, "totalBatches": 2, "restore": {"replicas": 2, "image": "app:v1"},
-        "history": [{"batch": 1, "startedAt": "2026-01-01T12:00:00.000Z"}],
+        "history": [{"batch": 1, "startedAt": "2026-01-01T12:00:00.000Z"}], **extra,
     })  # fmt: skip
     kube = MemoryKube(release({}))
     assert write_status(kube, release({}), status)

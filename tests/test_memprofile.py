@@ -25,6 +25,10 @@ def test_sigusr1_writes_the_largest_allocation_sites(tmp_path: Path, monkeypatch
         signal.signal(signal.SIGUSR1, previous)
     assert text.startswith("traced: ")
     assert "held = [bytearray(1024)" in text.splitlines()[2]  # the largest site first
+    # and what a full garbage collection walks, by type: the 4,096 bytearrays are not containers
+    tracked = text[text.index("tracked by the garbage collector: ") :].splitlines()
+    assert int(tracked[0].split(": ")[1].split()[0]) > 0 and "bytearray" not in text[text.index("tracked by") :]
+    assert any(line.split()[-1] == "dict" for line in tracked[1:])
     assert len(held) == 4096
 
 

@@ -205,16 +205,15 @@ def reconcile_durations(port: int) -> dict[str, float]:
 
 
 def gc_pauses(port: int) -> dict[str, float]:
-    """The controller's garbage collections of the oldest generation (the long ones: every thread waits):
-    how many, their total, and the bucket bound of the longest; and the total of all generations."""
+    """The controller's garbage collections by generation (2, the oldest, walks every object; every
+    thread waits for each): how many, their total, and the bucket bound of the longest; and the total."""
     by_generation = _histograms(port, "greyrelease_gc_pause_seconds")
-    buckets, total, count = by_generation.get("2", ([], 0.0, 0.0))
-    return {
-        "gen2_n": count,
-        "gen2_s": round(total, 3),
-        "gen2_max_le_s": _le(buckets, count, 1.0),
-        "all_s": round(sum(t for _, t, _ in by_generation.values()), 3),
-    }
+    out: dict[str, float] = {}
+    for g in ("0", "1", "2"):
+        buckets, total, count = by_generation.get(g, ([], 0.0, 0.0))
+        out |= {f"gen{g}_n": count, f"gen{g}_s": round(total, 3), f"gen{g}_max_le_s": _le(buckets, count, 1.0)}
+    out["all_s"] = round(sum(t for _, t, _ in by_generation.values()), 3)
+    return out
 
 
 def controller_writes(cluster: Cluster, namespace: str, since: datetime) -> Counter[str]:
@@ -552,9 +551,13 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
             f"{1000 * r['reconcile']['mean_s']:.1f} ms; {r['reconcile']['p99_le_s']:g} s |",
             *(
                 [
-                    f"| garbage collections of the oldest generation (every thread waits): count; total; longest "
-                    f"under; all generations' total | {r['gc']['gen2_n']:g}; {r['gc']['gen2_s']} s; "
-                    f"{r['gc']['gen2_max_le_s']:g} s; {r['gc']['all_s']} s |"
+                    "| garbage collections (every thread waits), generations 0 / 1 / 2: count; total; longest "
+                    "under | "
+                    + " / ".join(
+                        f"{r['gc'][f'gen{g}_n']:g}; {r['gc'][f'gen{g}_s']} s; {r['gc'][f'gen{g}_max_le_s']:g} s"
+                        for g in range(3)
+                    )
+                    + " |"
                 ]
                 if "gc" in r
                 else []

@@ -1,37 +1,45 @@
-"""How the controller runs Python's cyclic garbage collector.
+"""How the controller runs Python's cyclic garbage collector and the C allocator under it.
 
 A collection stops every thread of the process while it walks the objects of its generations; a full
 one walks all of them, and they grow with the releases held in memory. With CPython's defaults
 (``700, 10, 10``) a controller driving 500 releases on the local cluster was inside collections for
 10.5 s of a 131 s run (34.4 s of CPU), 4.6 s of it in 11 full ones of 0.42 s on average, each stalling
-every pass and abort under way; the transition lag p99 was 0.37 s. With the settings below: 2.7 s, one
-full collection (the one at start), lag p99 0.07 s (bench/README.md, "Reshaping"). Almost nothing the
-controller allocates is in a reference cycle: the watched objects are trees of dicts and lists, freed
-by reference counting when replaced. So:
+every pass and abort under way: the transition lag p99 was 0.37 s. Freezing what the process holds once
+started, with the default thresholds, still left 12 full collections of 0.30 s (lag p99 0.26 s). With
+the settings below: one full collection (the one at start), 4.2 s in all, lag p99 0.08 s
+(bench/README.md, "Reshaping"). Almost nothing the controller allocates is in a reference cycle: the
+watched objects are trees of dicts and lists, freed by reference counting when replaced. So:
 
-- the young generation is collected after 50,000 allocations rather than 700, which gives the objects
-  of a pass (responses, models, the plan) time to be freed by reference counting before a collection
-  finds them alive and moves them to an older generation, where only a full collection frees them;
+- the young generation is collected after 10,000 allocations rather than 700: the objects of a pass
+  (responses, models, the plan) are mostly freed by reference counting before a collection finds them
+  alive and moves them to an older generation, whose collections walk more; full collections then come
+  only as the older generations grow by a quarter (CPython's own rule), not every few seconds;
 - once started (modules, kopf, pydantic's schemas, the first lists), :func:`settle` freezes what exists:
-  no collection walks it again.
+  no collection walks it again;
+- glibc's allocator keeps at most two arenas (as ``MALLOC_ARENA_MAX=2`` would, unless that is set): with
+  one arena per busy thread (up to 8 per core), memory freed by one pass thread was not reused by the
+  others. Peak RSS at N = 500: 173.6 MiB with the thresholds above, 164.5 MiB with two arenas too.
 
 ``GREYRELEASE_GC_THRESHOLDS`` (three integers, as ``gc.set_threshold``) overrides the thresholds.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
 
 ENV = "GREYRELEASE_GC_THRESHOLDS"
-THRESHOLDS = (50_000, 20, 100)
+THRESHOLDS = (10_000, 10, 10)
+ARENAS = 2
+M_ARENA_MAX = -8  # glibc's malloc.h
 
 log = logging.getLogger("greyrelease")
 
 
 def thresholds(text: str | None) -> tuple[int, int, int]:
-    """The thresholds ``text`` names (``"50000,20,100"``), else :data:`THRESHOLDS`. Raises ValueError
+    """The thresholds ``text`` names (``"10000,10,10"``), else :data:`THRESHOLDS`. Raises ValueError
     naming the variable when ``text`` is not three non-negative integers."""
     if not text:
         return THRESHOLDS
@@ -40,13 +48,26 @@ def thresholds(text: str | None) -> tuple[int, int, int]:
     except ValueError:
         values = ()
     if len(values) != 3 or min(values) < 0:
-        raise ValueError(f"{ENV}={text!r}: expected three non-negative integers, e.g. 50000,20,100")
+        raise ValueError(f"{ENV}={text!r}: expected three non-negative integers, e.g. 10000,10,10")
     return values[0], values[1], values[2]
 
 
+def limit_arenas() -> bool:
+    """At most :data:`ARENAS` malloc arenas, on glibc, unless ``MALLOC_ARENA_MAX`` says otherwise (glibc
+    reads it itself). Before any thread starts. True when set."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator, its defaults
+        return False
+    return bool(mallopt(M_ARENA_MAX, ARENAS))
+
+
 def configure() -> None:
-    """Set the collector's thresholds (at the start of the process)."""
+    """Set the collector's thresholds and the allocator's arenas (at the start of the process)."""
     gc.set_threshold(*thresholds(os.environ.get(ENV)))
+    limit_arenas()
 
 
 def settle() -> None:

@@ -4,6 +4,7 @@ the variable, and what exists once started is frozen."""
 from __future__ import annotations
 
 import gc
+import platform
 from collections.abc import Iterator
 
 import pytest
@@ -38,6 +39,15 @@ def test_settle_freezes_what_the_process_holds() -> None:
     collector.settle()
     assert gc.get_freeze_count() >= len(held)
     assert not any(o is held for o in gc.get_objects())  # frozen objects are not walked any more
+
+
+def test_two_malloc_arenas_unless_the_environment_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert not collector.limit_arenas()  # glibc read it at start; it is not overridden
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's mallopt only (the image is Debian)")
+    assert collector.limit_arenas()
 
 
 def test_run_refuses_bad_thresholds_before_starting(

@@ -7,8 +7,9 @@ one walks all of them, and they grow with the releases held in memory. With CPyt
 every pass and abort under way: the transition lag p99 was 0.37 s. Freezing what the process holds once
 started, with the default thresholds, still left 12 full collections of 0.30 s (lag p99 0.26 s). With
 the settings below: one full collection (the one at start), 4.2 s in all, lag p99 0.08 s
-(bench/README.md, "Reshaping"). Almost nothing the controller allocates is in a reference cycle: the
-watched objects are trees of dicts and lists, freed by reference counting when replaced. So:
+(bench/README.md, "The lag regression found"). Almost nothing the controller allocates is in a
+reference cycle: the watched objects are trees of dicts and lists, freed by reference counting when
+replaced. So:
 
 - the young generation is collected after 10,000 allocations rather than 700: the objects of a pass
   (responses, models, the plan) are mostly freed by reference counting before a collection finds them

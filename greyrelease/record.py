@@ -113,9 +113,9 @@ def status_patch(release: Obj, status: GreyReleaseStatus) -> Obj | None:
     new = status.model_dump(by_alias=True, mode="json")
     # Most passes write nothing, so this comparison runs on every pass: pydantic drops the nulls while
     # serialising (exclude_none) rather than stored() walking both sides, which was 8 % of the
-    # controller's CPU at N = 500 (py-spy, bench/README.md "Reshaping"). exclude_none also drops a field
-    # whose None is written as something else (endPhase, ""): such a field is taken from ``new``. Equal
-    # here is equal as stored; stored() decides only the keys that differ.
+    # controller's CPU at N = 500 (py-spy, bench/README.md "The lag regression found"). exclude_none
+    # also drops a field whose None is written as something else (endPhase, ""): such a field is taken
+    # from ``new``. Equal here is equal as stored; stored() decides only the keys that differ.
     kept = status.model_dump(by_alias=True, mode="json", exclude_none=True)
     for k, v in new.items():
         held = old.get(k)

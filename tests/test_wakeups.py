@@ -175,3 +175,55 @@ def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
 
     asyncio.run(run())
     assert slept == [1, 2, 4, 8, 10]  # capped at 10 s
+
+
+def test_the_backoff_starts_again_at_one_second_after_a_pass_that_succeeded() -> None:
+    """One retrying object serves the daemon's life: a pass that succeeds ends its backoff, and the next
+    failure waits 1 s again, not where the last run of failures stopped."""
+    from greyrelease.actions import Plan
+    from greyrelease.api import GreyReleaseStatus, Phase
+    from greyrelease.kube import ApiError
+    from greyrelease.reconciler import Outcome
+
+    script = ["fail", "fail", "ok", "fail", "fail", "fail", "ok"]
+    slept: list[float] = []
+
+    async def sleep(wake: asyncio.Event, seconds: float) -> None:
+        slept.append(seconds)
+
+    async def run() -> None:
+        rt = Runtime(MemoryKube(), tuning=Tuning(threads=2))
+
+        async def reconcile(namespace: str, name: str, **_: object) -> Outcome | None:
+            if not script:
+                return None  # the release is gone: the daemon ends
+            if script.pop(0) == "fail":
+                raise ApiError(500, "InternalError", "etcd")
+            return Outcome(Plan(GreyReleaseStatus(phase=Phase.PROGRESSING), requeue_after=30.0))
+
+        rt.reconcile = reconcile  # type: ignore[method-assign]
+        try:
+            await asyncio.wait_for(rt.run_release("shop", "web", lambda: False, sleep), 5)
+        finally:
+            rt.stop()
+
+    asyncio.run(run())
+    assert [round(s) for s in slept] == [1, 2, 30, 1, 2, 4, 30]
+
+
+def test_the_body_kopf_keeps_for_a_release_is_the_stored_one_without_managed_fields() -> None:
+    from greyrelease import operator
+
+    body = obj(1, {})
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+
+    async def run() -> Runtime:
+        rt = Runtime(MemoryKube())
+        await operator.release_changed(
+            event={"type": "MODIFIED", "object": body}, type="MODIFIED", memo={"runtime": rt}
+        )
+        return rt
+
+    rt = asyncio.run(run())
+    assert "managedFields" not in body["metadata"]  # dropped in place, from the dict kopf holds
+    assert rt.releases._objects["shop", "web"] is body  # and the store holds that dict, not a second copy

@@ -140,11 +140,7 @@ async def release_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)
 async def release_deleted(
-    name: str,
-    namespace: str | None,
-    body: kopf.Body,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    memo: Any,
+    name: str, namespace: str | None, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter[Any], memo: Any,
     **_: Any,
 ) -> None:
     """Put the app back as it was before the release began, then let the object go."""

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from e2e.harness.controlplane import AUDIT_QUIET_USERS, LocalCluster
-from e2e.reliability import WRITE_VERBS, parse_time
+from e2e.reliability import WRITE_VERBS, audit_events, parse_time
 
 
 def write_audit_policy_with_reads(path: Path) -> Path:
@@ -46,25 +44,13 @@ class AuditedCluster(LocalCluster):
         return write_audit_policy_with_reads(path)
 
 
-def _events(log_dir: Path) -> Iterable[dict[str, Any]]:
-    """Every audit event in the log and its rotated backups (audit-<time>.log), oldest file first."""
-    files = sorted(log_dir.glob("audit*.log"), key=lambda p: p.stat().st_mtime)
-    for f in files:
-        with f.open(errors="replace") as lines:
-            for line in lines:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-
-
 def requests(
     cluster: LocalCluster, agents: tuple[str, ...], since: datetime, until: datetime | None = None
 ) -> Counter[tuple[str, str, str]]:
     """Requests by clients whose User-Agent starts with one of ``agents``, received in [since, until),
     counted by (verb, resource[/subresource], namespace)."""
     counts: Counter[tuple[str, str, str]] = Counter()
-    for ev in _events(cluster.audit_log.parent):
+    for ev in audit_events(cluster.audit_log):
         if not (ev.get("userAgent") or "").startswith(agents):
             continue
         at = parse_time(ev["requestReceivedTimestamp"])
@@ -96,7 +82,7 @@ def writes(
     """Successful writes by clients whose User-Agent starts with one of ``agents`` in ``namespace``, received
     from ``since`` on: (when, as a Unix time; resource[/subresource]; object name), oldest first."""
     out: list[tuple[float, str, str]] = []
-    for ev in _events(cluster.audit_log.parent):
+    for ev in audit_events(cluster.audit_log):
         ref = ev.get("objectRef") or {}
         if ev.get("verb") not in WRITE_VERBS or ref.get("namespace") != namespace:
             continue

@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,32 +68,41 @@ def audited_writes(
     `agents` (all clients when empty), in `namespace`, received in [since, until)."""
     agents = tuple(agents)
     found: list[Write] = []
-    log: Path = cluster.audit_log
-    if not log.exists():
-        return found
-    with log.open(errors="replace") as lines:
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue  # a line being written
-            if ev.get("verb") not in WRITE_VERBS:
-                continue
-            agent = ev.get("userAgent") or ""
-            if agents and not agent.startswith(agents):
-                continue
-            ref = ev.get("objectRef") or {}
-            if namespace is not None and ref.get("namespace") != namespace:
-                continue
-            at = parse_time(ev["requestReceivedTimestamp"])
-            if (since is not None and at < since) or (until is not None and at >= until):
-                continue
-            found.append(Write(
-                at=at, verb=ev["verb"], resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
-                namespace=ref.get("namespace", ""), name=ref.get("name", ""), agent=agent,
-                code=int((ev.get("responseStatus") or {}).get("code") or 0), body=ev.get("requestObject"),
-            ))  # fmt: skip
+    for ev in audit_events(cluster.audit_log):
+        if ev.get("verb") not in WRITE_VERBS:
+            continue
+        agent = ev.get("userAgent") or ""
+        if agents and not agent.startswith(agents):
+            continue
+        ref = ev.get("objectRef") or {}
+        if namespace is not None and ref.get("namespace") != namespace:
+            continue
+        at = parse_time(ev["requestReceivedTimestamp"])
+        if (since is not None and at < since) or (until is not None and at >= until):
+            continue
+        found.append(Write(
+            at=at, verb=ev["verb"], resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
+            namespace=ref.get("namespace", ""), name=ref.get("name", ""), agent=agent,
+            code=int((ev.get("responseStatus") or {}).get("code") or 0), body=ev.get("requestObject"),
+        ))  # fmt: skip
     return found
+
+
+def audit_events(log: Path) -> Iterator[dict[str, Any]]:
+    """Every event of the API server's audit log `log` and of the backups it rotated out of it
+    (`audit-<time>.log` beside it, see --audit-log-maxsize), oldest file first. Reading only `log` lost
+    the writes of a long run's first part (bench.shards at N = 3,000 counted 3.07 writes per transition
+    instead of 9.5)."""
+    backups = sorted(log.parent.glob(f"{log.stem}-*{log.suffix}"))  # the names sort by rotation time
+    for f in [*backups, log]:
+        if not f.exists():
+            continue
+        with f.open(errors="replace") as lines:
+            for line in lines:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue  # a line being written
 
 
 # --- a Prometheus that answers too late ------------------------------------------------------------------

@@ -422,8 +422,10 @@ class LocalCluster(Cluster):
             f"--audit-policy-file={self.audit_policy(self.workdir / 'audit-policy.yaml')}",
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",
+            # 200 MB a file and four rotated backups kept (e2e/reliability.py reads them all): a
+            # benchmark at N = 3,000 writes more than 200 MB.
             "--audit-log-maxsize=200",
-            "--audit-log-maxbackup=1",
+            "--audit-log-maxbackup=4",
             "--v=0",
         ], ports=("apiserver",))  # fmt: skip
         self._wait_apiserver_ready(proc, deadline)

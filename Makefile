@@ -90,9 +90,16 @@ image-local:
 	IMAGE=$(IMAGE) image/build.sh
 
 # Many releases at once on the local cluster; writes bench/RESULTS.md (+ results.json, results.png).
+# `make bench SHARDS="1 3" N=3000`: N releases under one replica, then under 3 run with --shards 3
+# (python -m bench.shards over 30 namespaces); writes bench/SHARDS.md.
+N ?= 3000
 bench: deps
+ifdef SHARDS
+	$(PY) -m bench.shards --n $(N) --shards $(SHARDS) --namespaces 30
+else
 	$(PY) -m pip install --quiet matplotlib
 	$(PY) -m bench.run --sizes 100 500 1000
+endif
 
 # GreyRelease and Argo Rollouts on the same releases, one after the other on one local cluster; builds Argo
 # Rollouts' controller on first use (e2e/build/build.sh argo). Writes bench/COMPARISON.md, comparison.json

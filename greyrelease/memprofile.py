@@ -1,6 +1,12 @@
 """Where the controller's memory goes, for a profiling run: with ``GREYRELEASE_TRACEMALLOC=<file>`` in its
 environment, the controller traces its Python allocations (tracemalloc, which slows it down: never in a
-measured run) and, on SIGUSR1, writes the largest allocation sites to ``<file>``."""
+measured run) and, on SIGUSR1, writes the largest allocation sites to ``<file>``.
+
+It also keeps the run's peak: each time the traced total reaches a new high (10 % above the last one kept),
+the allocations are saved to ``<file>.peak`` as they are (a tracemalloc snapshot), and
+``python -m greyrelease.memprofile <file>.peak`` reads them later. Only saved in the process: grouping a
+peak of millions of blocks takes minutes of Python that would hold the controller back while it is measured.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import gc
 import linecache
 import os
 import signal
+import sys
+import threading
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -15,23 +23,34 @@ from types import FrameType
 
 ENV = "GREYRELEASE_TRACEMALLOC"
 FRAMES = 12
+#: How often the traced total is looked at for a new high, and how far above the last one kept it must be.
+PEAK_EVERY = 5.0
+PEAK_STEP = 1.1
+#: Not the profiler's own allocations, nor the imports' code objects.
+IGNORED = [
+    tracemalloc.Filter(False, tracemalloc.__file__),
+    tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+    tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"),
+]
 
 
-def report(limit: int = 40) -> str:
-    """The allocation sites holding the most memory now, grouped by the innermost frame of ours (or of a
-    library, when none of ours is on the stack), with the line of code."""
-    snapshot = tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
-    )
-    total = sum(stat.size for stat in snapshot.statistics("filename"))
-    lines = [f"traced: {total / 2**20:.1f} MiB", ""]
-    for stat in snapshot.statistics("traceback")[:limit]:
-        frames = list(stat.traceback)
+def report(snapshot: tracemalloc.Snapshot | None = None, limit: int = 40) -> str:
+    """The allocation sites holding the most memory (now, or in ``snapshot``), each counted at the innermost
+    frame of ours on its stack (of a library, when none of ours is there), with the line of code."""
+    snapshot = (snapshot or tracemalloc.take_snapshot()).filter_traces(IGNORED)
+    size: Counter[tuple[str, int]] = Counter()
+    blocks: Counter[tuple[str, int]] = Counter()
+    for trace in snapshot.traces:
+        frames = list(trace.traceback)
         ours = [f for f in frames if "greyrelease" in f.filename]
-        frame = ours[-1] if ours else frames[-1]
-        code = linecache.getline(frame.filename, frame.lineno).strip()
-        lines.append(f"{stat.size / 2**20:8.2f} MiB {stat.count:8d} blocks  {frame.filename}:{frame.lineno}  {code}")
-    return "\n".join([*lines, "", *tracked()]) + "\n"
+        frame = (ours or frames)[-1]  # tracemalloc lists the innermost frame last
+        size[frame.filename, frame.lineno] += trace.size
+        blocks[frame.filename, frame.lineno] += 1
+    lines = [f"traced: {sum(size.values()) / 2**20:.1f} MiB", ""]
+    for (filename, lineno), held in size.most_common(limit):
+        code = linecache.getline(filename, lineno).strip()
+        lines.append(f"{held / 2**20:8.2f} MiB {blocks[filename, lineno]:8d} blocks  {filename}:{lineno}  {code}")
+    return "\n".join(lines) + "\n"
 
 
 def tracked(limit: int = 15) -> list[str]:
@@ -50,6 +69,26 @@ def enable() -> None:
     tracemalloc.start(FRAMES)
 
     def dump(_signum: int, _frame: FrameType | None) -> None:
-        Path(target).write_text(report())
+        Path(target).write_text(report() + "\n" + "\n".join(tracked()) + "\n")
 
     signal.signal(signal.SIGUSR1, dump)
+    threading.Thread(target=watch_peak, args=(Path(target + ".peak"),), name="memprofile", daemon=True).start()
+
+
+def watch_peak(out: Path, every: float = PEAK_EVERY, stop: threading.Event | None = None) -> None:
+    """Save the allocations to ``out`` whenever the traced total passes the last one kept by PEAK_STEP."""
+    stop = stop or threading.Event()
+    kept = 0
+    while not stop.wait(every) and tracemalloc.is_tracing():
+        current = tracemalloc.get_traced_memory()[0]
+        if current > kept * PEAK_STEP:
+            partial = out.with_name(out.name + ".tmp")
+            tracemalloc.take_snapshot().dump(str(partial))
+            partial.replace(out)  # whole snapshots only, for whoever reads one meanwhile
+            kept = current
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m greyrelease.memprofile <file>.peak")
+    print(report(tracemalloc.Snapshot.load(sys.argv[1])), end="")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -36,3 +40,28 @@ def test_without_the_variable_nothing_is_traced(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv(memprofile.ENV, raising=False)
     memprofile.enable()
     assert not tracemalloc.is_tracing()
+
+
+def test_a_new_high_keeps_the_peak_for_a_later_report(tmp_path: Path) -> None:
+    out = tmp_path / "memory.txt.peak"
+    stop = threading.Event()
+    tracemalloc.start(memprofile.FRAMES)
+    watcher = threading.Thread(target=memprofile.watch_peak, args=(out,), kwargs={"every": 0.05, "stop": stop})
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = out.stat().st_mtime_ns
+        peak = [bytearray(1024) for _ in range(65536)]  # 64 MiB more than anything traced before
+        while out.stat().st_mtime_ns == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        watcher.join()
+        tracemalloc.stop()
+    del peak  # gone from the process, still in the kept snapshot
+    text = subprocess.run([sys.executable, "-m", "greyrelease.memprofile", str(out)],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert float(text.split()[1]) >= 64
+    assert "peak = [bytearray(1024)" in text.splitlines()[2]

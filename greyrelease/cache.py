@@ -24,13 +24,13 @@ the change is in the Store.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Protocol, cast
 
+import orjson
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 from tenacity.wait import wait_base
 
@@ -39,6 +39,7 @@ from .kube import MERGE, ApiError, Kube, Location, NotFound, parse, selects
 
 Key = tuple[str, str]
 log = logging.getLogger("greyrelease")
+
 
 def _version(obj: Obj) -> int | None:
     try:
@@ -67,18 +68,44 @@ def _key(obj: Obj) -> Key | None:
     return (meta.get("namespace") or "", name) if name else None
 
 
-class Store:
-    """The latest known body of each object of one kind; thread-safe. Bodies handed out are copies."""
+Body = Obj | bytes  # a body as held: the dict itself, or (packed) its JSON
 
-    def __init__(self) -> None:
+
+def _copy(body: Body) -> Obj:
+    """A copy of a body held, for a pass to read and change: parsed from its JSON when packed, else a
+    deep copy made through JSON too (orjson's round trip of a Deployment takes 7 us against 42 us for
+    copy.deepcopy; the bodies are JSON, so nothing else is lost)."""
+    return cast(Obj, orjson.loads(body if isinstance(body, bytes) else orjson.dumps(body)))
+
+
+def _pack(obj: Obj) -> bytes:
+    """The body's JSON, in a bytes object of its own size (orjson hands out a larger buffer: 4 KiB held for
+    a 1.6 KB Deployment)."""
+    return bytes(memoryview(orjson.dumps(obj)))
+
+
+class Store:
+    """The latest known body of each object of one kind; thread-safe. Bodies handed out are copies.
+
+    A ``packed`` store holds each body as its JSON rather than as dicts: a Deployment as the API server
+    serves it is 1.6 KB of JSON against 9.2 KiB of Python dicts and strings, and parsing it for a pass is
+    faster than copying the dicts was (6 us against 42 us). The Deployments and Services are held packed;
+    the GreyReleases are not, as kopf keeps each one's latest body too and the store shares that dict."""
+
+    def __init__(self, *, packed: bool = False) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[Key, Obj] = {}
+        self._packed = packed
+        self._objects: dict[Key, tuple[int | None, Body]] = {}  # resourceVersion and body of each object
         self._gone: dict[Key, int | None] = {}  # resourceVersion of each deletion seen (until the next relist)
+
+    def _hold(self, obj: Obj) -> tuple[int | None, Body]:
+        kept = _trim(obj)
+        return _version(obj), _pack(kept) if self._packed else kept
 
     def get(self, namespace: str, name: str) -> Obj | None:
         with self._lock:
             found = self._objects.get((namespace, name))
-        return copy.deepcopy(found) if found is not None else None
+        return _copy(found[1]) if found is not None else None
 
     def __len__(self) -> int:
         with self._lock:
@@ -87,8 +114,8 @@ class Store:
     def values(self, namespace: str | None = None) -> list[Obj]:
         """Copies of the bodies held (of one namespace, when given), in key order."""
         with self._lock:
-            found = [o for k, o in sorted(self._objects.items()) if namespace is None or k[0] == namespace]
-        return [copy.deepcopy(o) for o in found]
+            found = [o for k, (_, o) in sorted(self._objects.items()) if namespace is None or k[0] == namespace]
+        return [_copy(o) for o in found]
 
     def fold(self, obj: Obj) -> bool:
         """Keep ``obj`` (an event's object or a write's response) unless a newer body or deletion is known.
@@ -97,14 +124,15 @@ class Store:
         if key is None:
             return False
         version = _version(obj)
+        held = self._hold(obj)  # (packed outside the lock)
         with self._lock:
-            held = self._objects.get(key)
-            if held is not None and not _newer(version, _version(held)):
+            found = self._objects.get(key)
+            if found is not None and not _newer(version, found[0]):
                 return False
-            if held is None and key in self._gone and not _newer(version, self._gone[key]):
+            if found is None and key in self._gone and not _newer(version, self._gone[key]):
                 return False  # a write's response that arrived after the deletion it preceded
             self._gone.pop(key, None)
-            self._objects[key] = _trim(obj)
+            self._objects[key] = held
             return True
 
     def delete(self, obj: Obj) -> None:
@@ -113,8 +141,8 @@ class Store:
             return
         version = _version(obj)
         with self._lock:
-            held = self._objects.get(key)
-            if held is not None and not _newer(version, _version(held)):
+            found = self._objects.get(key)
+            if found is not None and not _newer(version, found[0]):
                 return  # deleted and created again since; the newer body stays
             self._objects.pop(key, None)
             self._gone[key] = version
@@ -140,10 +168,10 @@ class Store:
     def replace(self, items: Iterable[Obj], version: int | None) -> None:
         """A fresh list at ``version``: its items replace the copy. What the controller wrote after the
         list was served (a newer resourceVersion) is kept."""
-        fresh = {k: _trim(o) for o in items if (k := _key(o)) is not None}
+        fresh = {k: self._hold(o) for o in items if (k := _key(o)) is not None}
         with self._lock:
             for key, held in self._objects.items():
-                if key not in fresh and version is not None and (_version(held) or 0) > version:
+                if key not in fresh and version is not None and (held[0] or 0) > version:
                     fresh[key] = held
             for key in list(fresh):
                 if key in self._gone and version is not None and (self._gone[key] or 0) > version:

@@ -177,8 +177,8 @@ class Runtime:
         self.tuning = tuning or Tuning()
         self.shard = shard
         self.releases = Store()
-        self.deployments = Store()
-        self.services = Store()
+        self.deployments = Store(packed=True)
+        self.services = Store(packed=True)
         self.policies = Store()
         self.kube = CachedKube(kube, writable=shard.writable if shard is not None else None)
         # (Lists of releases are read only by releases waiting to start under a limit or after another.)

@@ -22,8 +22,9 @@ def version_of(store: Store, name: str, ns: str = "default") -> str | None:
     return found["metadata"]["resourceVersion"] if found else None
 
 
-def test_newer_resource_version_wins_in_either_order() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_newer_resource_version_wins_in_either_order(packed: bool) -> None:
+    store = Store(packed=packed)
     assert store.fold(obj("web", 5))
     assert not store.fold(obj("web", 4))  # a late watch event does not roll our write back
     assert version_of(store, "web") == "5"
@@ -31,8 +32,9 @@ def test_newer_resource_version_wins_in_either_order() -> None:
     assert version_of(store, "web") == "7"
 
 
-def test_bodies_are_kept_without_managed_fields_and_handed_out_as_copies() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_bodies_are_kept_without_managed_fields_and_handed_out_as_copies(packed: bool) -> None:
+    store = Store(packed=packed)
     store.fold(obj("web", 1, spec={"replicas": 3}))
     got = store.get("default", "web")
     assert got is not None and "managedFields" not in got["metadata"]
@@ -40,8 +42,9 @@ def test_bodies_are_kept_without_managed_fields_and_handed_out_as_copies() -> No
     assert store.get("default", "web")["spec"]["replicas"] == 3  # type: ignore[index]
 
 
-def test_deletion_is_not_undone_by_an_older_write_response() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_deletion_is_not_undone_by_an_older_write_response(packed: bool) -> None:
+    store = Store(packed=packed)
     store.fold(obj("web", 3))
     store.delete(obj("web", 6))
     assert store.get("default", "web") is None
@@ -51,15 +54,17 @@ def test_deletion_is_not_undone_by_an_older_write_response() -> None:
     assert version_of(store, "web") == "9"
 
 
-def test_deletion_older_than_the_held_body_is_ignored() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_deletion_older_than_the_held_body_is_ignored(packed: bool) -> None:
+    store = Store(packed=packed)
     store.fold(obj("web", 10))
     store.delete(obj("web", 8))
     assert version_of(store, "web") == "10"
 
 
-def test_relist_replaces_the_copy_but_keeps_newer_writes() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_relist_replaces_the_copy_but_keeps_newer_writes(packed: bool) -> None:
+    store = Store(packed=packed)
     store.fold(obj("gone", 2))  # deleted while no watch was open
     store.fold(obj("ours", 12))  # written by us after the list was served
     store.fold(obj("web", 3))
@@ -71,25 +76,43 @@ def test_relist_replaces_the_copy_but_keeps_newer_writes() -> None:
     assert len(store) == 3
 
 
-def test_relist_does_not_bring_back_an_object_deleted_after_it() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_relist_does_not_bring_back_an_object_deleted_after_it(packed: bool) -> None:
+    store = Store(packed=packed)
     store.delete(obj("web", 11))
     store.replace([obj("web", 4)], version=10)
     assert store.get("default", "web") is None
 
 
-def test_non_numeric_versions_fall_back_to_arrival_order() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_non_numeric_versions_fall_back_to_arrival_order(packed: bool) -> None:
+    store = Store(packed=packed)
     store.fold(obj("web", "abc"))
     assert store.fold(obj("web", "abd"))
     assert version_of(store, "web") == "abd"
 
 
-def test_namespaces_are_kept_apart() -> None:
-    store = Store()
+@pytest.mark.parametrize("packed", [False, True])
+def test_namespaces_are_kept_apart(packed: bool) -> None:
+    store = Store(packed=packed)
     store.fold(obj("web", 1, ns="a"))
     assert store.get("b", "web") is None
     assert store.get("a", "web") is not None
+
+
+def test_a_packed_store_holds_json_and_hands_out_the_same_bodies() -> None:
+    body = obj("web", 3, spec={"replicas": 3, "template": {"spec": {"containers": [{"name": "app", "image": "a:v1"}]}}},
+               status={"ratio": 0.25, "ready": True, "note": None, "name": "ü"})  # fmt: skip
+    plain, packed = Store(), Store(packed=True)
+    plain.fold(body)
+    packed.fold(body)
+    assert isinstance(packed._objects["default", "web"][1], bytes)
+    assert (
+        packed.get("default", "web")
+        == plain.get("default", "web")
+        == {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}}
+    )
+    assert packed.values() == plain.values()
 
 
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"

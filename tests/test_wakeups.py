@@ -226,4 +226,4 @@ def test_the_body_kopf_keeps_for_a_release_is_the_stored_one_without_managed_fie
 
     rt = asyncio.run(run())
     assert "managedFields" not in body["metadata"]  # dropped in place, from the dict kopf holds
-    assert rt.releases._objects["shop", "web"] is body  # and the store holds that dict, not a second copy
+    assert rt.releases._objects["shop", "web"][1] is body  # and the store holds that dict, not a second copy

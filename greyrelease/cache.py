@@ -272,19 +272,25 @@ class Reflector:
     def _follow(self) -> None:
         """List when there is no version to go on from, then watch until the server ends the watch."""
         if self._version is None:
-            try:
-                listed = self.kube.request("GET", self.collection, query=self.query)
-            except NotFound:
-                # The kind is not served (its CRD is not installed): there is none of it. Listed again
-                # after the retry's wait, so a CRD installed later is seen.
-                self.store.replace([], None)
-                self.synced.set()
-                raise
-            version = str((listed.get("metadata") or {}).get("resourceVersion") or "") or None
-            self.store.replace(listed.get("items") or [], int(version) if version and version.isdigit() else None)
-            self._version = version
+            self._version = self._list()
             self.synced.set()
         self._version = self._watch(self._version)
+
+    def _list(self) -> str | None:
+        """The collection listed into the Store; the list's resourceVersion. In a function of its own so
+        that the parsed list is freed before the watch: held by the frame for each watch (up to 290 s), the
+        lists of N = 1,000 apps' Deployments and Services were 18.5 MiB of the controller's memory."""
+        try:
+            listed = self.kube.request("GET", self.collection, query=self.query)
+        except NotFound:
+            # The kind is not served (its CRD is not installed): there is none of it. Listed again after
+            # the retry's wait, so a CRD installed later is seen.
+            self.store.replace([], None)
+            self.synced.set()
+            raise
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "") or None
+        self.store.replace(listed.get("items") or [], int(version) if version and version.isdigit() else None)
+        return version
 
     def _watch(self, version: str | None) -> str | None:
         """Follow the collection from ``version`` until the server ends the watch; the version to go on

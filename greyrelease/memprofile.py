@@ -22,6 +22,9 @@ from pathlib import Path
 from types import FrameType
 
 ENV = "GREYRELEASE_TRACEMALLOC"
+#: Frames kept per allocation; ``GREYRELEASE_TRACEMALLOC_FRAMES=0`` traces nothing (no slowdown) and
+#: SIGUSR1 then writes the census of objects alone.
+FRAMES_ENV = "GREYRELEASE_TRACEMALLOC_FRAMES"
 FRAMES = 12
 #: How often the traced total is looked at for a new high, and how far above the last one kept it must be.
 PEAK_EVERY = 5.0
@@ -53,12 +56,28 @@ def report(snapshot: tracemalloc.Snapshot | None = None, limit: int = 40) -> str
     return "\n".join(lines) + "\n"
 
 
-def tracked(limit: int = 15) -> list[str]:
+def tracked(limit: int = 25) -> list[str]:
     """The objects the cyclic garbage collector walks in each full collection (its pauses grow with
-    them), by type; frozen ones (gc.freeze) are not walked."""
-    by_type = Counter(type(o).__name__ for o in gc.get_objects())
+    them), by type; frozen ones (gc.freeze) are not walked. Then what they hold that it does not walk:
+    the strings in dicts and lists (counted once each), and the tuples by length."""
+    objects = gc.get_objects()
+    by_type = Counter(type(o).__name__ for o in objects)
     head = f"tracked by the garbage collector: {sum(by_type.values())} objects ({gc.get_freeze_count()} frozen)"
-    return [head, *(f"{n:10d}  {name}" for name, n in by_type.most_common(limit))]
+    seen: set[int] = set()
+    strings = 0
+    for o in objects:
+        items = o.items() if type(o) is dict else ((s, None) for s in o) if type(o) is list else ()
+        for pair in items:
+            for s in pair:
+                if type(s) is str and id(s) not in seen:
+                    seen.add(id(s))
+                    strings += sys.getsizeof(s)
+    tuples = Counter(len(o) for o in objects if type(o) is tuple)
+    return [
+        head, *(f"{n:10d}  {name}" for name, n in by_type.most_common(limit)),
+        f"strings in those dicts and lists: {len(seen)} ({strings / 2**20:.1f} MiB)",
+        "tuples by length: " + ", ".join(f"{k}: {n}" for k, n in tuples.most_common(6)),
+    ]  # fmt: skip
 
 
 def enable() -> None:
@@ -66,13 +85,16 @@ def enable() -> None:
     target = os.environ.get(ENV)
     if not target:
         return
-    tracemalloc.start(FRAMES)
+    frames = int(os.environ.get(FRAMES_ENV) or FRAMES)
 
     def dump(_signum: int, _frame: FrameType | None) -> None:
-        Path(target).write_text(report() + "\n" + "\n".join(tracked()) + "\n")
+        sites = report() + "\n" if tracemalloc.is_tracing() else ""
+        Path(target).write_text(sites + "\n".join(tracked()) + "\n")
 
     signal.signal(signal.SIGUSR1, dump)
-    threading.Thread(target=watch_peak, args=(Path(target + ".peak"),), name="memprofile", daemon=True).start()
+    if frames > 0:
+        tracemalloc.start(frames)
+        threading.Thread(target=watch_peak, args=(Path(target + ".peak"),), name="memprofile", daemon=True).start()
 
 
 def watch_peak(out: Path, every: float = PEAK_EVERY, stop: threading.Event | None = None) -> None:

@@ -4,6 +4,7 @@ watch events that feed it."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -286,6 +287,25 @@ def test_reflector_follows_the_watch_and_lists_again_when_it_is_too_old() -> Non
     assert version_of(store, "a") == "21" and store.get("default", "b") is None
     assert version_of(store, "c") == "25" and version_of(store, "d") == "31"
     assert seen == [("MODIFIED", "a"), ("DELETED", "b"), ("ADDED", "d")]
+
+
+class Listing(dict[str, Any]):
+    """A list response that can be watched for being freed (a plain dict takes no weak reference)."""
+
+
+def test_reflector_lets_the_list_go_while_it_watches() -> None:
+    done = threading.Event()
+    listing = Listing({"metadata": {"resourceVersion": "10"}, "items": [obj("a", 3)]})
+    alive = weakref.ref(listing)
+    scripted = ScriptedKube(listings=[listing], watches=[], done=done)
+    del listing
+    reflector = Reflector(scripted, DEPLOYMENTS).start()  # type: ignore[arg-type]
+    try:
+        assert done.wait(5)  # listed, and now inside the watch
+        assert version_of(reflector.store, "a") == "3"
+        assert alive() is None  # the parsed list is not held for the watch's length
+    finally:
+        reflector.stop()
 
 
 def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,7 +85,12 @@ def enable() -> None:
     target = os.environ.get(ENV)
     if not target:
         return
-    frames = int(os.environ.get(FRAMES_ENV) or FRAMES)
+    try:
+        frames = int(os.environ.get(FRAMES_ENV) or FRAMES)
+    except ValueError:
+        sys.exit(
+            f"error: {FRAMES_ENV} must be a whole number of frames (0: no tracing), not {os.environ[FRAMES_ENV]!r}"
+        )
 
     def dump(_signum: int, _frame: FrameType | None) -> None:
         sites = report() + "\n" if tracemalloc.is_tracing() else ""

@@ -67,3 +67,32 @@ def test_a_new_high_keeps_the_peak_for_a_later_report(tmp_path: Path) -> None:
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert float(text.split()[1]) >= 64
     assert "peak = bytearray(64 * 2**20)" in text.splitlines()[2]
+
+
+def test_with_no_frames_nothing_is_traced_and_sigusr1_writes_the_census(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "memory.txt"
+    monkeypatch.setenv(memprofile.ENV, str(out))
+    monkeypatch.setenv(memprofile.FRAMES_ENV, "0")
+    previous = signal.getsignal(signal.SIGUSR1)
+    memprofile.enable()
+    try:
+        assert not tracemalloc.is_tracing()
+        held = [{"name": f"release-{i}"} for i in range(1000)]  # 1,000 dicts and 1,000 distinct strings
+        os.kill(os.getpid(), signal.SIGUSR1)
+        text = out.read_text()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert text.startswith("tracked by the garbage collector: ")  # no allocation sites without tracing
+    strings = next(line for line in text.splitlines() if line.startswith("strings in those dicts and lists: "))
+    assert int(strings.split(": ")[1].split()[0]) >= 1000
+    assert len(held) == 1000
+
+
+def test_a_frame_count_that_is_not_a_number_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(memprofile.ENV, "/dev/null")
+    monkeypatch.setenv(memprofile.FRAMES_ENV, "twelve")
+    with pytest.raises(SystemExit, match="GREYRELEASE_TRACEMALLOC_FRAMES must be a whole number"):
+        memprofile.enable()
+    assert not tracemalloc.is_tracing()

@@ -731,6 +731,11 @@ class GreyReleaseStatus(_Camel):
         default_factory=Restore, description="What the release changed on the user's objects, to put back."
     )
     observed_generation: int = Field(0, description="The metadata.generation this status was planned from.")
+    transitions: int | None = Field(
+        None,
+        description="How many transitions with Events the release has recorded. The Events of the next one "
+        "are named after its number, so a transition planned again after a crash posts none of them twice.",
+    )
     phase_started_at: Timestamp | None = Field(None, description="When the current phase began.")
     batch_started_at: Timestamp | None = Field(
         None, description="When the current batch began (its deadline counts from here)."

@@ -1,12 +1,13 @@
 """One reconcile of one GreyRelease: observe, decide (pure), execute, post the Events, record the status.
 
 The order is what makes a crash harmless: the actions of a plan are applied first, in order, then its
-Events are posted (named after the state they were planned from), and the status is written last. A
-controller killed in between plans again from the old status; every action is idempotent, so re-applying
-it is a no-op, the Events get the same names and are not posted twice, and the transition is recorded on
-the next pass. The status is written only when it differs, so an idle release costs reads, never writes.
-Each step is a unit of its own: :mod:`.observe`, :func:`~greyrelease.planner.decide`, :mod:`.execute`,
-:mod:`.record`, with the metric queries in :mod:`.gates` and a refused spec in :mod:`.invalid`.
+Events are posted (named after the transition's number, see :mod:`.record`), and the status is written
+last. A controller killed in between plans again from the old status; every action is idempotent, so
+re-applying it is a no-op, the Events get the same names whatever else the repeat reads and are not posted
+twice, and the transition is recorded on the next pass. The status is written only when it differs, so an
+idle release costs reads, never writes. Each step is a unit of its own: :mod:`.observe`,
+:func:`~greyrelease.planner.decide`, :mod:`.execute`, :mod:`.record`, with the metric queries in
+:mod:`.gates` and a refused spec in :mod:`.invalid`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .kube import Kube
 from .observe import observe
 from .planner import decide
 from .policies import Governing
-from .record import post_events, release_path, write_status
+from .record import numbered, post_events, release_path, write_status
 from .workload import canary_name
 
 __all__ = ["Outcome", "Reconciler", "deployments_path", "release_path"]
@@ -64,17 +65,17 @@ class Reconciler:
             try:
                 spec = GreyReleaseSpec.model_validate(release.get("spec") or {})
             except ValidationError as err:
-                plan = invalid_spec(status, err, now)
-                post_events(self.kube, release, plan.events, now)
+                plan = numbered(invalid_spec(status, err, now), status)
+                post_events(self.kube, release, plan, now)
                 write_status(self.kube, release, plan.status)
                 return Outcome(plan, decided_at=decided_at)
             scene = observe(self.kube, release, spec, status, self.governing)
             if due(spec, status, now):
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
-            plan = decide(spec, status, scene.observed, now)
+            plan = numbered(decide(spec, status, scene.observed, now), status)
             scene.recorded.status = plan.status  # the adapters act on what the plan records
             execute(self.kube, plan.actions, scene)
-            post_events(self.kube, release, plan.events, now)
+            post_events(self.kube, release, plan, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
                 write_status(self.kube, release, plan.status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}

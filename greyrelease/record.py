@@ -1,23 +1,43 @@
 """What a pass records on the GreyRelease itself: its Events, its status, the one-shot annotations it
-consumed. Each write is idempotent, so a pass repeated after a crash records nothing twice."""
+consumed. Each write is idempotent, so a pass repeated after a crash records nothing twice.
+
+Exactly one Event per transition. A pass applies its actions, then posts its Events, then writes its
+status; a controller killed after the Events and before the status plans the same transition again on its
+next pass, and that pass must post nothing new. Each Event's name is its identity (the API server refuses a
+second one with 409), so the name must be the same for every pass that plans the transition, and differ
+from the names of every other transition. Here it is made of the release's uid, the number of the
+transition (``status.transitions`` as recorded, plus one: a plan with Events records that number with its
+status, see :func:`numbered`), the Event's reason and its place among the plan's Events of that reason.
+
+Why not of what the pass read: names were once a digest of the status, the user's annotations and the
+generation as read. A pass killed after posting ``ReleaseStarted`` was repeated, after an abort annotation
+had landed in between, by a pass that read the same status, planned the same start (the half-started
+release had a canary already, so the abort was taken on the pass after), and got another name for it:
+the Event was posted twice (the end-to-end crash test, a kill 0.4-2.5 s after each start, saw it for
+one of its 30 releases). Anything a person or another controller may write between two passes (an annotation
+asking nothing, a spec edit that moves no batch, kopf's bookkeeping) did the same. Only what the
+controller itself records when a transition is done tells one transition from the next; a counter does it
+and nothing else. Nor the message: a repeated pass may word the same transition differently (a metric's
+value read again), and it is still the same transition.
+
+What a repeat cannot undo: a transition planned, posted and then not taken at all (the world changed
+before the repeat, say the abort was taken at once) keeps its Events; none is posted twice.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
+from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .actions import Event
+from .actions import Event, Plan
 from .api import (
-    ABORT_ANNOTATION,
     GROUP,
     KIND,
-    PAUSE_ANNOTATION,
     PLURAL,
-    PROMOTE_ANNOTATION,
-    RETRY_ANNOTATION,
     VERSION,
     GreyReleaseStatus,
     Obj,
@@ -25,9 +45,6 @@ from .api import (
 from .kube import MERGE, ApiError, Conflict, Kube, path
 
 log = logging.getLogger("greyrelease")
-
-#: The annotations people write; the only ones that go into an Event's name (see :func:`event_names`).
-USER_ANNOTATIONS = (ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION)
 
 
 def release_path(namespace: str, name: str, sub: str | None = None) -> str:
@@ -37,32 +54,37 @@ def release_path(namespace: str, name: str, sub: str | None = None) -> str:
 # --- Events ------------------------------------------------------------------------------------------
 
 
-def event_names(release: Obj, events: tuple[Event, ...]) -> list[str]:
-    """The name of each Event of a plan: after the state it was planned from (the release's uid,
-    generation, the annotations people write, the status as read) and its place in the plan.
+def numbered(plan: Plan, read: GreyReleaseStatus) -> Plan:
+    """``plan`` with its transition's number in the status it records: the number after the one read when
+    the plan has Events (they are named after it), else the one read."""
+    if not plan.events:
+        return plan
+    return replace(plan, status=plan.status.model_copy(update={"transitions": (read.transitions or 0) + 1}))
 
-    A controller killed before the status write plans the same transition from the same state again and
-    gets the same names, which the API server refuses (409): nothing is lost and nothing posted twice.
-    kopf's own annotations (finalizer bookkeeping) may be written between a pass and its repetition, so
-    they are left out.
-    """
+
+def event_names(release: Obj, transition: int, events: tuple[Event, ...]) -> list[str]:
+    """The name of each Event of the plan of transition number ``transition`` (see the module's docstring):
+    the same for every pass that plans that transition, whatever else it read."""
     meta = release["metadata"]
-    ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k in USER_ANNOTATIONS}
-    state = json.dumps([meta.get("uid"), meta.get("generation"), ours, release.get("status") or {}], sort_keys=True)
-    return [
-        f"{meta['name'][:200]}.{hashlib.sha256(f'{state}|{i}|{ev.reason}|{ev.message}'.encode()).hexdigest()[:16]}"
-        for i, ev in enumerate(events)
-    ]
+    seen: Counter[str] = Counter()
+    names = []
+    for ev in events:
+        seen[ev.reason] += 1
+        key = f"{meta.get('uid')}|{transition}|{ev.reason}|{seen[ev.reason]}"
+        names.append(f"{meta['name'][:200]}.{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+    return names
 
 
-def post_events(kube: Kube, release: Obj, events: tuple[Event, ...], now: datetime) -> None:
-    """Post a plan's Events after its actions and before its status: exactly once per transition (see
-    :func:`event_names`). An Event the API server refuses for another reason is logged and skipped."""
+def post_events(kube: Kube, release: Obj, plan: Plan, now: datetime) -> None:
+    """Post a plan's Events after its actions and before its status: exactly once per transition (see the
+    module's docstring). ``plan`` is :func:`numbered`. An Event the API server refuses for another reason is
+    logged and skipped."""
+    events = plan.events
     if not events:
         return
     meta = release["metadata"]
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for name, ev in zip(event_names(release, events), events, strict=True):
+    for name, ev in zip(event_names(release, plan.status.transitions or 0, events), events, strict=True):
         body = {
             "apiVersion": "v1",
             "kind": "Event",

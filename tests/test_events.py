@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from greyrelease.actions import Event
+from greyrelease.actions import Event, Plan
 from greyrelease.api import GreyReleaseStatus, Phase
 from greyrelease.kube import ApiError, MemoryKube, path
-from greyrelease.record import post_events, stored, write_status
+from greyrelease.record import numbered, post_events, stored, write_status
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 EVENTS = path("", "v1", "events", "shop")
@@ -25,11 +25,16 @@ def release(status: dict[str, Any], **annotations: str) -> dict[str, Any]:
 READY = (Event("Normal", "BatchReady", "batch 1/3: 2 canary pods ready, weight 20%"),)
 
 
+def plan(*events: Event, read: int | None = None) -> Plan:
+    """The plan of the transition after ``read`` (the status's ``transitions`` as read)."""
+    return numbered(Plan(status=GreyReleaseStatus(), events=events), GreyReleaseStatus(transitions=read))
+
+
 def test_a_transition_planned_again_from_the_same_state_posts_nothing_new() -> None:
     kube = MemoryKube()
     before = release({"phase": "Progressing", "currentBatch": 1})
-    post_events(kube, before, READY, NOW)
-    post_events(kube, before, READY, NOW)  # killed before the status write: the same pass again
+    post_events(kube, before, plan(*READY), NOW)
+    post_events(kube, before, plan(*READY), NOW)  # killed before the status write: the same pass again
     events = kube.objects(EVENTS)
     assert len(events) == 1
     (ev,) = events
@@ -37,21 +42,39 @@ def test_a_transition_planned_again_from_the_same_state_posts_nothing_new() -> N
     assert ev["involvedObject"]["uid"] == "u1" and ev["metadata"]["namespace"] == "shop"
 
 
-def test_kopfs_own_annotations_written_in_between_do_not_change_the_names() -> None:
+@pytest.mark.parametrize(
+    "other",
+    [
+        release({}, **{"greyrelease.io/last-handled-configuration": "{}"}),  # kopf's bookkeeping
+        release({}, **{"greyrelease.io/abort": "true"}),  # a person's request, landed in between
+        release({"phase": "Progressing", "currentBatch": 1, "batchReadyAt": "x"}),  # a status written in between
+        {**release({}), "metadata": {**release({})["metadata"], "generation": 2}},  # a spec edit
+    ],
+    ids=["kopf-annotation", "user-annotation", "status", "generation"],
+)
+def test_whatever_else_the_repeat_reads_the_same_transition_gets_the_same_names(other: dict[str, Any]) -> None:
     kube = MemoryKube()
-    post_events(kube, release({}), READY, NOW)
-    post_events(kube, release({}, **{"greyrelease.io/last-handled-configuration": "{}"}), READY, NOW)
-    assert len(kube.objects(EVENTS)) == 1
+    post_events(kube, release({}), plan(*READY, read=3), NOW)
+    reworded = Event("Normal", "BatchReady", "batch 1/3: 2 canary pods ready, weight 21%")
+    post_events(kube, other, plan(reworded, read=3), NOW)
+    assert [e["message"] for e in kube.objects(EVENTS)] == [READY[0].message]
 
 
-def test_the_same_event_from_another_state_is_posted_again() -> None:
+def test_the_next_transition_and_a_second_event_of_a_reason_get_names_of_their_own() -> None:
     kube = MemoryKube()
-    post_events(kube, release({"phase": "Progressing", "currentBatch": 1}), READY, NOW)
-    post_events(kube, release({"phase": "Progressing", "currentBatch": 1, "batchReadyAt": "x"}), READY, NOW)
-    post_events(
-        kube, release({"phase": "Progressing", "currentBatch": 1}, **{"greyrelease.io/pause": "true"}), READY, NOW
-    )
-    assert len(kube.objects(EVENTS)) == 3
+    post_events(kube, release({}), plan(*READY), NOW)
+    post_events(kube, release({}), plan(*READY, read=1), NOW)
+    post_events(kube, release({}), plan(*READY, READY[0], read=2), NOW)
+    assert len(kube.objects(EVENTS)) == 4
+    other_release = {**release({}), "metadata": {**release({})["metadata"], "uid": "u2"}}
+    post_events(kube, other_release, plan(*READY), NOW)  # deleted and made again: another object
+    assert len(kube.objects(EVENTS)) == 5
+
+
+def test_a_plan_with_events_records_the_next_number_and_one_without_keeps_it() -> None:
+    assert plan(*READY).status.transitions == 1
+    assert plan(*READY, read=7).status.transitions == 8
+    assert plan(read=7).status.transitions is None  # the plan's own status, untouched
 
 
 def test_an_event_the_api_server_refuses_does_not_stop_the_pass() -> None:
@@ -61,7 +84,7 @@ def test_an_event_the_api_server_refuses_does_not_stop_the_pass() -> None:
         raise ApiError(403, "Forbidden", "no")
 
     kube.before = forbidden
-    post_events(kube, release({}), READY, NOW)
+    post_events(kube, release({}), plan(*READY), NOW)
     assert kube.requests == [("POST", EVENTS)]
 
 

@@ -10,11 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from e2e.harness.controlplane import Cluster
+from e2e.harness.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "greyrelease.io_greyreleases.yaml"
@@ -45,6 +48,10 @@ class Controller:
         self.log = log
         self.env = {**cluster.env, **(extra_env or {})}
         self.args = extra_args or []
+        if not any(a.startswith("--health-port") for a in self.args):
+            self.args = [*self.args, "--health-port", str(free_port())]
+        self.health_port = int(next(a.split("=", 1)[1] if "=" in a else self.args[i + 1]
+                                    for i, a in enumerate(self.args) if a.startswith("--health-port")))  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -54,6 +61,20 @@ class Controller:
              *self.args],
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Whether the controller answers /readyz: started, its watches listed, passes running."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """Wait until :meth:`ready`; the seconds it took."""
+        started = time.monotonic()
+        wait_for(self.ready, timeout, "the controller's /readyz", 0.05)
+        return time.monotonic() - started
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no goodbye, as a crashed node would do it."""

@@ -162,8 +162,10 @@ class SlowPrometheus:
 
 @dataclass
 class Chaos:
-    """Kills `controller` with SIGKILL `up` seconds after each (re)start (drawn from `rng`), and starts it
-    again after `down` seconds, until stop()."""
+    """Kills `controller` with SIGKILL `up` seconds after each (re)start has made it ready (/readyz: its
+    watches listed, passes running; drawn from `rng`), and starts it again after `down` seconds, until
+    stop(). Counted from readiness, not from the spawn: on a loaded machine the import alone can take
+    longer than `up`, and a controller killed before it runs a pass tests nothing."""
 
     controller: Controller
     rng: random.Random
@@ -171,6 +173,8 @@ class Chaos:
     down: tuple[float, float] = (0.0, 0.5)
     kills: int = 0
     schedule: list[tuple[float, float]] = field(default_factory=list)
+    #: Seconds from each (re)start to /readyz.
+    startups: list[float] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -181,6 +185,7 @@ class Chaos:
     def _run(self) -> None:
         while True:
             up, down = self.rng.uniform(*self.up), self.rng.uniform(*self.down)
+            self.startups.append(round(self.controller.wait_ready(120), 2))
             if self._stop.wait(up):
                 return
             self.controller.kill()

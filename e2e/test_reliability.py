@@ -122,9 +122,11 @@ def idle_window(
                                           batches=[{"replicas": 1}, {"replicas": 2}],
                                           trafficRouting={"service": {"name": "done"}}))  # fmt: skip
             apply_release(cluster, ns, gr("held", targetRef={"name": "held"}, targetVersion="v2",
-                                          batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 2}],
+                                          batches=[{"replicas": 1, "pause": "manual"}, {"replicas": 2}],
                                           trafficRouting={"service": {"name": "held"}}))  # fmt: skip
-            wait_for(lambda ns=ns: status(cluster, ns, "held").get("batchReadyAt"), 60, "held: batch 1 live")
+            # A manual pause holds batch 1 until the pause annotation lands (a timed one could end first).
+            wait_for(lambda ns=ns: status(cluster, ns, "held").get("batchState") == "WaitingForApproval", 60,
+                     "held: batch 1 live, waiting for approval")  # fmt: skip
             cluster.kubectl("annotate", "gr", "held", "-n", ns, "greyrelease.io/pause=true")
         for ns in namespaces.values():
             assert wait_phase(cluster, ns, "done", TERMINAL, timeout=60)["phase"] == "Succeeded"
@@ -215,7 +217,8 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
             time.sleep(0.5)
     finally:
         chaos.stop()
-    print(f"{chaos.kills} SIGKILLs (up, down seconds): {chaos.schedule}")
+    print(f"{chaos.kills} SIGKILLs (up, down seconds, counted from /readyz): {chaos.schedule}")
+    print(f"seconds from each start to /readyz: {chaos.startups}")
     try:
         problems: list[str] = []
         evs = release_events(cluster, namespace)

@@ -281,7 +281,7 @@ async def _run(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=True,
             stop_flag=lost,
-            memo=kopf.Memo(namespaces=namespaces, governing=governing),
+            memo=kopf.Memo(namespaces=namespaces, governing=governing, state=state),
         )
     finally:
         if lease is not None:

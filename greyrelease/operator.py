@@ -99,6 +99,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
         await rt.watch(api, list(memo.get("namespaces") or []))
         collector.settle()  # what the process holds once started is not walked by collections again
+    state = memo.get("state")
+    if isinstance(state, dict):
+        state["ready"] = "yes"  # /readyz (greyrelease.health): the watches have listed, passes may run
 
 
 @kopf.on.cleanup()

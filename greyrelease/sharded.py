@@ -73,7 +73,7 @@ async def run_sharded(
         flags[k] = flag = asyncio.Event()
         memo = kopf.Memo(
             namespaces=namespaces, governing=governing, phases=phases, user_agent=api.user_agent,
-            shard=Shard(selector([k], n), held.writable),
+            shard=Shard(selector([k], n), held.writable), state=state,
         )  # fmt: skip
         try:
             await kopf.operator(

@@ -55,7 +55,7 @@ from e2e.harness.dataplane import INGRESS_CLASS, DataPlane, serving_gate
 from e2e.harness.process import free_port
 from e2e.load import Load
 from e2e.reliability import audited_writes, parse_time
-from greyrelease.kubeclient import ApiError, KubeClient, path
+from greyrelease.kube.client import ApiError, KubeClient, path
 
 from bench import audit
 from bench.run import ProcStats, parallel, pct, wait

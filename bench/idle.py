@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.process import free_port
-from greyrelease.kubeclient import path
+from greyrelease.kube.client import path
 
 from bench.run import bench_cluster, namespace_of_apps, parallel, release, wait
 

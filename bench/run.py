@@ -39,8 +39,8 @@ import urllib3
 from e2e.controller import CRD, POLICY_CRD
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.process import free_port
-from greyrelease.api import parse_time
-from greyrelease.kubeclient import KubeClient, path
+from greyrelease.api.release import parse_time
+from greyrelease.kube.client import KubeClient, path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = os.environ.get("GREYRELEASE_BENCH_PROFILE") == "1"

@@ -30,9 +30,9 @@ from typing import Any
 import urllib3
 from e2e.harness.controlplane import Cluster
 from e2e.harness.process import free_port
-from greyrelease.api import parse_time
-from greyrelease.kubeclient import KubeClient, path
-from greyrelease.shards import shard_of
+from greyrelease.api.release import parse_time
+from greyrelease.kube.client import KubeClient, path
+from greyrelease.runtime.shards import shard_of
 
 from bench.compare import DEADLINE
 from bench.run import PAUSE, ROOT, ProcStats, app, bench_cluster, controller_writes, parallel, pct, release, wait

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.process import free_port
-from greyrelease.kubeclient import KubeClient, path
+from greyrelease.kube.client import KubeClient, path
 
 from bench.run import ROOT, ProcStats, bench_cluster, namespace_of_apps, parallel, release, wait
 

@@ -17,12 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from greyrelease.api import TRACK_LABEL
+from greyrelease.api.release import TRACK_LABEL
 
 from e2e.controller import Controller, app_manifest, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
 
-#: User agents of the controller's two API clients: its own (greyrelease.kubeclient) and kopf's.
+#: User agents of the controller's two API clients: its own (greyrelease.kube.client) and kopf's.
 CONTROLLER_AGENTS = ("greyrelease", "kopf/")
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 

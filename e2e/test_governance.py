@@ -138,7 +138,7 @@ def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace
     )  # fmt: skip
     expires = parse_time(waiting["approvalExpiresAt"])
     shown = subprocess.run(
-        [sys.executable, "-m", "greyrelease.plugin", "status", "web", "-n", namespace],
+        [sys.executable, "-m", "greyrelease.cli.plugin", "status", "web", "-n", namespace],
         capture_output=True, text=True, env=cluster.env, timeout=30, check=True,
     ).stdout  # fmt: skip
     assert "Approval:    0h00m0" in shown and "left" in shown, shown

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from greyrelease.shards import shard_of
+from greyrelease.runtime.shards import shard_of
 
 from e2e.controller import Controller, apply_release, drop_releases, gr, status, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster

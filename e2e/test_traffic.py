@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from greyrelease.kubeclient import KubeClient, load_configuration
+from greyrelease.kube.client import KubeClient, load_configuration
 
 from e2e.controller import (
     apply_release,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
-from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION, narrowing_patch, restoring_patch
-from greyrelease.workload import (
+from greyrelease.kube.workload import (
     TEMPLATE_HASH_ANNOTATION,
     build_canary,
     canary_patch,
@@ -14,6 +13,7 @@ from greyrelease.workload import (
     stable_image_patch,
     workload_of,
 )
+from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION, narrowing_patch, restoring_patch
 
 STABLE = {
     "metadata": {

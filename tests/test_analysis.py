@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from greyrelease.analysis import Check, Sample, due, fold, judge, render_query, verdict
-from greyrelease.api import Analysis, Metric, MetricStatus
+from greyrelease.analysis.verdicts import Check, Sample, due, fold, judge, render_query, verdict
+from greyrelease.api.release import Analysis, Metric, MetricStatus
 
 
 def metric(**fields) -> Metric:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from greyrelease.api import GreyReleaseSpec, parse_duration
-from greyrelease.batches import PlanError, expand
-from greyrelease.crd import render
-from greyrelease.images import label_value, split_tag, target_image, version_of
+from greyrelease.api.crd import render
+from greyrelease.api.release import GreyReleaseSpec, parse_duration
+from greyrelease.planner.batches import PlanError, expand
+from greyrelease.planner.images import label_value, split_tag, target_image, version_of
 from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,16 +135,16 @@ def test_versions_and_label_values() -> None:
 
 
 def test_readme_field_reference_is_current() -> None:
-    from greyrelease.reference import markdown
+    from greyrelease.api.reference import markdown
 
-    stale = "README field reference is stale: python -m greyrelease.reference"
+    stale = "README field reference is stale: python -m greyrelease.api.reference"
     assert markdown() in (ROOT / "README.md").read_text(), stale
 
 
 def test_timestamps_are_stored_as_rfc3339_utc_to_the_millisecond() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from greyrelease.api import GreyReleaseStatus, parse_time
+    from greyrelease.api.release import GreyReleaseStatus, parse_time
 
     at = datetime(2026, 1, 1, 13, 0, 0, 123456, tzinfo=timezone(timedelta(hours=1)))
     status = GreyReleaseStatus.model_validate({"phase": "Progressing", "phaseStartedAt": "2026-01-01T12:00:00.000Z"})
@@ -158,7 +158,7 @@ def test_timestamps_are_stored_as_rfc3339_utc_to_the_millisecond() -> None:
 
 
 def test_the_policy_sample_is_what_the_models_accept() -> None:
-    from greyrelease.api import GreyReleasePolicy
+    from greyrelease.api.release import GreyReleasePolicy
 
     doc = yaml.safe_load((ROOT / "config/samples/greyrelease.io_v1_greyreleasepolicy.yaml").read_text())
     policy = GreyReleasePolicy.model_validate(doc)

@@ -29,7 +29,7 @@ def test_the_summary_compares_the_minutes_after_the_first_round_with_the_last_on
 
 def test_the_shard_benchmark_spreads_its_namespaces_evenly_over_the_shards() -> None:
     from bench.shards import balanced_namespaces
-    from greyrelease.shards import shard_of
+    from greyrelease.runtime.shards import shard_of
 
     names = balanced_namespaces(30, 3)
     assert len(set(names)) == 30

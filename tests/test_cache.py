@@ -8,8 +8,8 @@ import weakref
 from typing import Any
 
 import pytest
-from greyrelease.cache import CachedKube, Reflector, Store
-from greyrelease.kube import ApiError, MemoryKube, NotFound
+from greyrelease.kube.cache import CachedKube, Reflector, Store
+from greyrelease.kube.protocol import ApiError, MemoryKube, NotFound
 from tenacity import wait_fixed
 
 
@@ -309,7 +309,7 @@ def test_reflector_lets_the_list_go_while_it_watches() -> None:
 
 
 def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("greyrelease.cache.WATCH_RETRY_WAIT", wait_fixed(0.01))
+    monkeypatch.setattr("greyrelease.kube.cache.WATCH_RETRY_WAIT", wait_fixed(0.01))
     done = threading.Event()
     scripted = ScriptedKube(
         listings=[{"metadata": {"resourceVersion": "10"}, "items": []}],

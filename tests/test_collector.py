@@ -8,7 +8,7 @@ import platform
 from collections.abc import Iterator
 
 import pytest
-from greyrelease import collector
+from greyrelease.runtime import collector
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +53,7 @@ def test_two_malloc_arenas_unless_the_environment_sets_them(monkeypatch: pytest.
 def test_run_refuses_bad_thresholds_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from greyrelease.cli import main
+    from greyrelease.cli.main import main
 
     monkeypatch.setenv(collector.ENV, "lots")
     assert main(["run", "--no-leader-elect"]) == 2

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from greyrelease.actions import Event, Plan
-from greyrelease.api import GreyReleaseStatus, Phase
-from greyrelease.kube import ApiError, MemoryKube, path
-from greyrelease.record import numbered, post_events, stored, write_status
+from greyrelease.api.release import GreyReleaseStatus, Phase
+from greyrelease.kube.protocol import ApiError, MemoryKube, path
+from greyrelease.planner.actions import Event, Plan
+from greyrelease.reconcile.record import numbered, post_events, stored, write_status
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 EVENTS = path("", "v1", "events", "shop")

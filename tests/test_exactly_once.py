@@ -24,9 +24,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from greyrelease.api import Obj
-from greyrelease.kube import Conflict, MemoryKube, path
-from greyrelease.reconciler import Reconciler
+from greyrelease.api.release import Obj
+from greyrelease.kube.protocol import Conflict, MemoryKube, path
+from greyrelease.reconcile.reconciler import Reconciler
 
 from .test_reconcile import EVENTS, NS, RELEASE, T0, Crash, cluster, crash_before_write, roll_out, status_of
 

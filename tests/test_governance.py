@@ -10,20 +10,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from greyrelease import reasons as R
-from greyrelease.actions import (
-    DeleteCanary,
-    EnsureCanary,
-    FreeSlot,
-    Plan,
-    PrepareRouting,
-    RemoveAnnotations,
-    ScaleStable,
-    SetStableImage,
-    SetWeight,
-    TakeSlot,
-)
-from greyrelease.api import (
+from greyrelease.api.release import (
     ABORT_ANNOTATION,
     PAUSE_ANNOTATION,
     PROMOTE_ANNOTATION,
@@ -36,8 +23,22 @@ from greyrelease.api import (
     Phase,
     Window,
 )
-from greyrelease.batches import MANUAL, Approval, expand
-from greyrelease.governance import (
+from greyrelease.kube.protocol import Conflict, MemoryKube, path
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import (
+    DeleteCanary,
+    EnsureCanary,
+    FreeSlot,
+    Plan,
+    PrepareRouting,
+    RemoveAnnotations,
+    ScaleStable,
+    SetStableImage,
+    SetWeight,
+    TakeSlot,
+)
+from greyrelease.planner.batches import MANUAL, Approval, expand
+from greyrelease.planner.governance import (
     SPEC,
     Hold,
     Predecessor,
@@ -51,13 +52,19 @@ from greyrelease.governance import (
     open_at,
     queue_order,
 )
-from greyrelease.kube import Conflict, MemoryKube, path
-from greyrelease.planner import INVALID_POLL, Observed, decide, progressing
-from greyrelease.policies import Governing, observe_governance, queue_of, read_cycle, read_predecessors, read_queue
-from greyrelease.reconciler import Reconciler
-from greyrelease.slots import free as free_slot
-from greyrelease.slots import holders_of, lease_path
-from greyrelease.slots import take as take_slot
+from greyrelease.planner.machine import INVALID_POLL, Observed, decide, progressing
+from greyrelease.reconcile.policies import (
+    Governing,
+    observe_governance,
+    queue_of,
+    read_cycle,
+    read_predecessors,
+    read_queue,
+)
+from greyrelease.reconcile.reconciler import Reconciler
+from greyrelease.reconcile.slots import free as free_slot
+from greyrelease.reconcile.slots import holders_of, lease_path
+from greyrelease.reconcile.slots import take as take_slot
 from pydantic import ValidationError
 
 from .test_reconcile import RELEASE, cluster, release, roll_out, stable, status_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from greyrelease.kube import (
+from greyrelease.kube.protocol import (
     STRATEGIC,
     Conflict,
     MemoryKube,

@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 
-from greyrelease.leader import claim
+from greyrelease.runtime.leader import claim
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -40,8 +40,8 @@ def test_released_lease_is_free() -> None:
 
 
 def test_two_candidates_one_holder_and_a_clean_release_frees_the_lease_at_once() -> None:
-    from greyrelease.kube import MemoryKube
-    from greyrelease.leader import Lease
+    from greyrelease.kube.protocol import MemoryKube
+    from greyrelease.runtime.leader import Lease
 
     kube = MemoryKube()
     a = Lease(kube, namespace="greyrelease-system", me="a")
@@ -56,8 +56,8 @@ def test_two_candidates_one_holder_and_a_clean_release_frees_the_lease_at_once()
 def test_a_candidate_that_read_the_lease_before_another_took_it_over_does_not_take_it() -> None:
     import copy
 
-    from greyrelease.kube import MemoryKube, Obj
-    from greyrelease.leader import Lease
+    from greyrelease.kube.protocol import MemoryKube, Obj
+    from greyrelease.runtime.leader import Lease
 
     kube = MemoryKube()
     old = Lease(kube, namespace="ns", me="old", lease_seconds=1)

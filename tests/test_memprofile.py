@@ -12,7 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from greyrelease import memprofile
+from greyrelease.runtime import memprofile
 
 
 def test_sigusr1_writes_the_largest_allocation_sites(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +63,7 @@ def test_a_new_high_keeps_the_peak_for_a_later_report(tmp_path: Path) -> None:
         watcher.join()
         tracemalloc.stop()
     del peak  # gone from the process, still in the kept snapshot
-    text = subprocess.run([sys.executable, "-m", "greyrelease.memprofile", str(out)],
+    text = subprocess.run([sys.executable, "-m", "greyrelease.runtime.memprofile", str(out)],
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert float(text.split()[1]) >= 64
     assert "peak = bytearray(64 * 2**20)" in text.splitlines()[2]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gc
 
-from greyrelease import metrics
-from greyrelease import reasons as R
-from greyrelease.actions import Event, Plan
-from greyrelease.api import GreyReleaseStatus, Phase
+from greyrelease.api.release import GreyReleaseStatus, Phase
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import Event, Plan
+from greyrelease.reconcile import metrics
 from prometheus_client import REGISTRY
 
 

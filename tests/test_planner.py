@@ -6,19 +6,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from greyrelease import reasons as R
-from greyrelease.actions import (
-    DeleteCanary,
-    EnsureCanary,
-    PrepareRouting,
-    RemoveAnnotations,
-    ResetRouting,
-    RestoreStableSelector,
-    ScaleStable,
-    SetStableImage,
-    SetWeight,
-)
-from greyrelease.api import (
+from greyrelease.api.release import (
     ABORT_ANNOTATION,
     BATCH_PHASES,
     PAUSE_ANNOTATION,
@@ -29,7 +17,19 @@ from greyrelease.api import (
     Phase,
     fmt_time,
 )
-from greyrelease.planner import ENDPOINTS_POLL, HANDLERS, decide, project
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import (
+    DeleteCanary,
+    EnsureCanary,
+    PrepareRouting,
+    RemoveAnnotations,
+    ResetRouting,
+    RestoreStableSelector,
+    ScaleStable,
+    SetStableImage,
+    SetWeight,
+)
+from greyrelease.planner.machine import ENDPOINTS_POLL, HANDLERS, decide, project
 
 from .world import T0, UID, World, spec, workload
 
@@ -372,7 +372,7 @@ ANALYSIS = {
 
 
 def _check(value: float | None = None, error: str = ""):
-    from greyrelease.analysis import Check, Sample
+    from greyrelease.analysis.verdicts import Check, Sample
 
     return (Check("error-rate", Sample(value=value, error=error)),)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from greyrelease import plugin
-from greyrelease.plugin import _parser, age, fingerprint, is_finished, progress_bar, render_status
+from greyrelease.cli import plugin
+from greyrelease.cli.plugin import _parser, age, fingerprint, is_finished, progress_bar, render_status
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from greyrelease.pool import PassPool
+from greyrelease.runtime.pool import PassPool
 
 
 def test_an_urgent_pass_overtakes_the_queue_and_each_kind_keeps_its_order() -> None:

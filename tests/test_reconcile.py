@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from greyrelease.api import Obj
-from greyrelease.kube import Conflict, MemoryKube, path
-from greyrelease.reconciler import Outcome, Reconciler
+from greyrelease.api.release import Obj
+from greyrelease.kube.protocol import Conflict, MemoryKube, path
+from greyrelease.reconcile.reconciler import Outcome, Reconciler
 
 NS = "shop"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

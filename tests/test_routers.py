@@ -10,12 +10,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from greyrelease.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
-from greyrelease.api import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.kube import Conflict, MemoryKube, path
-from greyrelease.kube import merge_patch as merge
-from greyrelease.observe import observe
-from greyrelease.planner import decide
+from greyrelease.api.release import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.kube.protocol import Conflict, MemoryKube, path
+from greyrelease.kube.protocol import merge_patch as merge
+from greyrelease.kube.workload import owner_reference
+from greyrelease.planner.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
+from greyrelease.planner.machine import decide
+from greyrelease.reconcile.observe import observe
 from greyrelease.routers import Router, router_for
 from greyrelease.routers.canary_service import build_canary_service, service_patch
 from greyrelease.routers.gateway import (
@@ -33,7 +34,6 @@ from greyrelease.routers.nginx import (
     ingress_patch,
 )
 from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION
-from greyrelease.workload import owner_reference
 
 from .world import UID, World, spec
 

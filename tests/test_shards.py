@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from greyrelease.kube import MemoryKube
-from greyrelease.shards import (
+from greyrelease.kube.protocol import MemoryKube
+from greyrelease.runtime.shards import (
     SPACE,
     Held,
     Moves,
@@ -219,7 +219,7 @@ def test_a_replica_takes_nothing_while_an_older_replica_runs_with_another_shard_
 def test_the_command_line_refuses_shards_without_leases_and_tells_where_a_namespace_falls(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from greyrelease.cli import main
+    from greyrelease.cli.main import main
 
     assert main(["run", "--shards", "2", "--no-leader-elect"]) == 2
     assert "--no-leader-elect" in capsys.readouterr().err

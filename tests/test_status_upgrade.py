@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from greyrelease.analysis import Check, Sample
-from greyrelease.api import GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.planner import Observed, Workload, decide
+from greyrelease.analysis.verdicts import Check, Sample
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.planner.machine import Observed, Workload, decide
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
 #: Status fields the earlier controller did not write.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from greyrelease.kube import MemoryKube
-from greyrelease.runtime import Registry, Runtime, Tuning
+from greyrelease.kube.protocol import MemoryKube
+from greyrelease.runtime.controller import Registry, Runtime, Tuning
 
 RELEASE = ("shop", "web")
 
@@ -124,7 +124,7 @@ def seen(bodies: tuple[dict, ...]) -> list[tuple[bool, bool]]:
 
 
 def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when_the_release_is_gone() -> None:
-    from greyrelease.kube import ApiError
+    from greyrelease.kube.protocol import ApiError
 
     kube = MemoryKube()
     failures = 3
@@ -153,7 +153,7 @@ def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when
 
 
 def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
-    from greyrelease.kube import ApiError
+    from greyrelease.kube.protocol import ApiError
 
     kube = MemoryKube()
 
@@ -180,10 +180,10 @@ def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
 def test_the_backoff_starts_again_at_one_second_after_a_pass_that_succeeded() -> None:
     """One retrying object serves the daemon's life: a pass that succeeds ends its backoff, and the next
     failure waits 1 s again, not where the last run of failures stopped."""
-    from greyrelease.actions import Plan
-    from greyrelease.api import GreyReleaseStatus, Phase
-    from greyrelease.kube import ApiError
-    from greyrelease.reconciler import Outcome
+    from greyrelease.api.release import GreyReleaseStatus, Phase
+    from greyrelease.kube.protocol import ApiError
+    from greyrelease.planner.actions import Plan
+    from greyrelease.reconcile.reconciler import Outcome
 
     script = ["fail", "fail", "ok", "fail", "fail", "fail", "ok"]
     slept: list[float] = []
@@ -212,7 +212,7 @@ def test_the_backoff_starts_again_at_one_second_after_a_pass_that_succeeded() ->
 
 
 def test_the_body_kopf_keeps_for_a_release_is_the_stored_one_without_managed_fields() -> None:
-    from greyrelease import operator
+    from greyrelease.runtime import operator
 
     body = obj(1, {})
     body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from greyrelease.actions import (
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.planner.actions import (
     DeleteCanary,
     EnsureCanary,
     Plan,
@@ -22,8 +23,7 @@ from greyrelease.actions import (
     SetStableImage,
     SetWeight,
 )
-from greyrelease.api import GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.planner import Observed, Workload, decide
+from greyrelease.planner.machine import Observed, Workload, decide
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "release-uid"

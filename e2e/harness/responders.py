@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from greyrelease.kubeclient import STRATEGIC, ApiError, Conflict, KubeClient, NotFound, load_configuration
+from greyrelease.kube.client import STRATEGIC, ApiError, Conflict, KubeClient, NotFound, load_configuration
 
 from e2e.harness.process import HERE, die_with_parent
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .api import Analysis, CheckVerdict, Metric, MetricStatus, Phase, parse_duration
+from greyrelease.api.release import Analysis, CheckVerdict, Metric, MetricStatus, Phase, parse_duration
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from .api import (
+from greyrelease.api.release import (
     GROUP,
     KIND,
     PLURAL,
@@ -178,6 +178,6 @@ FILES = {
 
 
 def render(which: str = f"{GROUP}_{PLURAL}.yaml") -> str:
-    return "# Generated from greyrelease/api.py by `greyrelease crd`. Do not edit.\n" + yaml.safe_dump(
+    return "# Generated from greyrelease/api/ by `greyrelease crd`. Do not edit.\n" + yaml.safe_dump(
         FILES[which](), sort_keys=False, width=120
     )

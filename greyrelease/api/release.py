@@ -1,6 +1,6 @@
 """The GreyRelease API (``greyrelease.io/v1``): the one source of truth for the CRD and the controller.
 
-The CRD in ``crds/`` is generated from these models by :mod:`greyrelease.crd`; the controller parses every
+The CRD in ``crds/`` is generated from these models by :mod:`greyrelease.api.crd`; the controller parses every
 object it reads with them. Validation that the API server can do (types, ranges, patterns, CEL rules) is
 declared here so a bad object is refused at ``kubectl apply`` with a message that names the field; what
 needs the cluster (how many replicas the target has) is checked by the planner, which marks the release
@@ -606,7 +606,7 @@ STATES_OF: dict[Phase | None, tuple[BatchState | None, ...]] = {
 
 
 class CheckVerdict(StrEnum):
-    """The verdict of one metric check (see :mod:`greyrelease.analysis`)."""
+    """The verdict of one metric check (see :mod:`greyrelease.analysis.verdicts`)."""
 
     PASS = "Pass"
     FAIL = "Fail"

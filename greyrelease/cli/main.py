@@ -13,9 +13,9 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
-from .api import KIND, GreyReleaseSpec, field_path, parse_time
-from .batches import MANUAL, PlanError, earliest_finish, expand
-from .governance import SPEC, Rules, Source, local_text, schedule
+from greyrelease.api.release import KIND, GreyReleaseSpec, field_path, parse_time
+from greyrelease.planner.batches import MANUAL, PlanError, earliest_finish, expand
+from greyrelease.planner.governance import SPEC, Rules, Source, local_text, schedule
 
 
 def _validation_message(err: ValidationError) -> str:
@@ -113,8 +113,8 @@ def parse_start(text: str | None) -> datetime | None:
 
 def _replicas_from_cluster(doc: dict[str, Any]) -> int | None:
     try:
-        from .kubeclient import KubeClient
-        from .reconciler import deployments_path
+        from greyrelease.kube.client import KubeClient
+        from greyrelease.reconcile.reconciler import deployments_path
 
         spec = doc.get("spec") or {}
         ns = doc.get("metadata", {}).get("namespace", "default")
@@ -140,8 +140,8 @@ def _positive(text: str) -> int:
 
 def _rules_from_cluster(doc: dict[str, Any]) -> Rules | None:
     try:
-        from .kubeclient import KubeClient
-        from .policies import rules_for
+        from greyrelease.kube.client import KubeClient
+        from greyrelease.reconcile.policies import rules_for
 
         return rules_for(KubeClient.from_environment(), doc)
     except Exception:
@@ -163,7 +163,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_shards(args: argparse.Namespace) -> int:
     """Which shard each namespace falls in, for ``run --shards N``: names that differ only at their end
     hash close together and may share a shard."""
-    from .shards import shard_of
+    from greyrelease.runtime.shards import shard_of
 
     counts = [0] * args.n
     for namespace in args.namespaces:
@@ -175,7 +175,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from .crd import FILES, render
+    from greyrelease.api.crd import FILES, render
 
     if args.output_dir:
         for name in FILES:
@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect",
               file=sys.stderr)  # fmt: skip
         return 2
-    from . import collector
+    from greyrelease.runtime import collector
 
     try:
         collector.configure()
@@ -211,10 +211,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     if args.metrics_port:
-        from .metrics import serve
+        from greyrelease.reconcile.metrics import serve
 
         serve(args.metrics_port)
-    from .memprofile import enable
+    from greyrelease.runtime.memprofile import enable
 
     enable()  # only with GREYRELEASE_TRACEMALLOC set: a profiling run
     return asyncio.run(_run(args))
@@ -225,11 +225,11 @@ async def _run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from . import operator  # noqa: F401 - registers the handlers
-    from .health import serve as serve_health
-    from .kubeclient import KubeClient
-    from .leader import Lease, keep, lead
-    from .policies import Governing
+    from greyrelease.kube.client import KubeClient
+    from greyrelease.reconcile.policies import Governing
+    from greyrelease.runtime import operator  # noqa: F401 - registers the handlers
+    from greyrelease.runtime.health import serve as serve_health
+    from greyrelease.runtime.leader import Lease, keep, lead
 
     namespaces = args.namespace or []
     state = {"role": "starting"}
@@ -243,7 +243,7 @@ async def _run(args: argparse.Namespace) -> int:
     )
     governing = Governing(max_progressing=args.max_progressing, slots_namespace=lease_ns)
     if args.shards > 1:
-        from .sharded import run_sharded
+        from greyrelease.runtime.sharded import run_sharded
 
         try:
             return await run_sharded(
@@ -254,7 +254,7 @@ async def _run(args: argparse.Namespace) -> int:
             if health is not None:
                 await health.cleanup()
     if args.leader_elect:
-        from .shards import live_members
+        from greyrelease.runtime.shards import live_members
 
         lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
         state["role"] = "standby"

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from urllib3.exceptions import HTTPError
 
-from .api import (
+from greyrelease.api.release import (
     ABORT_ANNOTATION,
     GROUP,
     KIND,
@@ -39,7 +39,7 @@ from .api import (
     Obj,
     parse_time,
 )
-from .kubeclient import ApiError, KubeClient, NotFound, path
+from greyrelease.kube.client import ApiError, KubeClient, NotFound, path
 
 BAR_WIDTH = 10
 EVENTS_SHOWN = 5
@@ -318,8 +318,8 @@ def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int
 
 
 def cmd_plan(args: argparse.Namespace, cluster: Cluster | None, out: TextIO) -> int:
-    from .cli import load_release, parse_start, print_plan
-    from .policies import rules_for
+    from greyrelease.cli.main import load_release, parse_start, print_plan
+    from greyrelease.reconcile.policies import rules_for
 
     doc = load_release(args.file)
     start = parse_start(args.start)

@@ -5,14 +5,14 @@ them from the API server on every pass made each release cost two dozen GETs per
 hundreds of aborts behind each other's reads. Here they come from a local copy instead:
 
 - :class:`Store` keeps the latest known body of each object. Watch events (kopf's watch of
-  GreyReleases, see :mod:`greyrelease.operator`, and the reflectors below for Deployments and Services)
+  GreyReleases, see :mod:`greyrelease.runtime.operator`, and the reflectors below for Deployments and Services)
   and the responses to the controller's own writes are folded in, and the newer ``resourceVersion``
   wins, so a pass never plans from a view older than the controller's last write of that object (its
   own status patch, say), and a late watch event never rolls a newer write back.
 - :class:`Reflector` keeps a Store in step with one collection: a list, then a watch from the list's
   resourceVersion (with bookmarks), listing again when the watch is too old (410 Gone). A relist
   replaces the copy, so an object deleted while no watch was open does not linger.
-- :class:`CachedKube` wraps a :class:`~greyrelease.kube.Kube`: GETs of a cached collection are answered
+- :class:`CachedKube` wraps a :class:`~greyrelease.kube.protocol.Kube`: GETs of a cached collection are answered
   from its Store (falling back to the API server for what it does not hold), and the response of every
   write is folded in. A write answered 404 drops the object: it is gone, whatever the Store last heard.
 
@@ -34,8 +34,8 @@ import orjson
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 from tenacity.wait import wait_base
 
-from .api import Obj
-from .kube import MERGE, ApiError, Kube, Location, NotFound, parse, selects
+from greyrelease.api.release import Obj
+from greyrelease.kube.protocol import MERGE, ApiError, Kube, Location, NotFound, parse, selects
 
 Key = tuple[str, str]
 log = logging.getLogger("greyrelease")
@@ -332,7 +332,7 @@ def uncached(kube: Kube) -> Kube:
 
 
 class CachedKube:
-    """A :class:`~greyrelease.kube.Kube` whose GETs of cached collections are answered from memory.
+    """A :class:`~greyrelease.kube.protocol.Kube` whose GETs of cached collections are answered from memory.
 
     It wraps another Kube (the API server's client, or an in-memory one in tests). A GET of an object the
     Store does not hold goes through, and its answer is kept, a 404 as "absent": an object known to be

@@ -1,4 +1,4 @@
-"""The real :class:`~greyrelease.kube.Kube`: a thin Kubernetes REST client over plain dicts.
+"""The real :class:`~greyrelease.kube.protocol.Kube`: a thin Kubernetes REST client over plain dicts.
 
 The objects the controller handles are read and written as the JSON the API server speaks (the same shape
 as the YAML users write), with explicit patch types and typed errors. Credentials come from the
@@ -19,8 +19,8 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from .api import Obj
-from .kube import MERGE, STRATEGIC, ApiError, Conflict, NotFound, path
+from greyrelease.api.release import Obj
+from greyrelease.kube.protocol import MERGE, STRATEGIC, ApiError, Conflict, NotFound, path
 
 __all__ = ["MERGE", "STRATEGIC", "ApiError", "Conflict", "KubeClient", "NotFound", "load_configuration", "path"]
 

@@ -5,7 +5,7 @@ read cache, the leader's Lease) talks to a :class:`Kube`: GET, LIST, CREATE, PAT
 paths, with plain dicts in and out (the JSON the API server speaks) and typed errors. A status write is a
 PATCH of the ``/status`` subresource, an Event a CREATE in the ``events`` collection.
 
-Two implementations: :class:`greyrelease.kubeclient.KubeClient` speaks to a real API server, and
+Two implementations: :class:`greyrelease.kube.client.KubeClient` speaks to a real API server, and
 :class:`MemoryKube` below is a small API server in memory for tests (in the spirit of httpx's
 MockTransport): resourceVersions, 404 and 409, generations, the status subresource, finalizers and
 deletion marks, JSON merge patches and the strategic merge patches the controller sends. It is a real
@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
-from .api import Obj
+from greyrelease.api.release import Obj
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"

@@ -7,9 +7,9 @@ import hashlib
 import json
 from typing import Any
 
-from .api import GROUP, KIND, RELEASE_LABEL, TRACK_LABEL, VERSION, VERSION_LABEL, Obj
-from .images import label_value
-from .planner import Workload
+from greyrelease.api.release import GROUP, KIND, RELEASE_LABEL, TRACK_LABEL, VERSION, VERSION_LABEL, Obj
+from greyrelease.planner.images import label_value
+from greyrelease.planner.machine import Workload
 
 TEMPLATE_HASH_ANNOTATION = "greyrelease.io/template-hash"
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"

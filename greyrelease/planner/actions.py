@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .api import GreyReleaseStatus
+from greyrelease.api.release import GreyReleaseStatus
 
 
 @dataclass(frozen=True)

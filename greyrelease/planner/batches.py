@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .api import Approval as ApprovalSpec
-from .api import GreyReleaseSpec, parse_duration
+from greyrelease.api.release import Approval as ApprovalSpec
+from greyrelease.api.release import GreyReleaseSpec, parse_duration
 
 MANUAL = "manual"
 

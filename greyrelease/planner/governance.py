@@ -3,7 +3,7 @@ release stands in a queue, and whether the releases it comes after are done. Tim
 nothing here reads the clock or the cluster.
 
 Windows and freezes come from several sources: the release's own ``spec.windows``/``spec.freezes`` and
-every :class:`~greyrelease.api.GreyReleasePolicy` that governs it. A batch may start at an instant that
+every :class:`~greyrelease.api.release.GreyReleasePolicy` that governs it. A batch may start at an instant that
 lies within a window of *every* source that has windows, and within no freeze of any source::
 
     spec.windows     Mon-Fri 09:00-17:00 Europe/Berlin        ─┐
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-from .api import Freeze, Window
+from greyrelease.api.release import Freeze, Window
 
 #: How far ahead :func:`Rules.next_start` looks before it says the windows never meet.
 HORIZON = timedelta(days=366)

@@ -7,9 +7,9 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from . import reasons as R
-from .actions import Event, Plan
-from .api import GreyReleaseStatus, Phase, field_path
+from greyrelease.api.release import GreyReleaseStatus, Phase, field_path
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import Event, Plan
 
 
 def invalid_spec(status: GreyReleaseStatus, err: ValidationError, now: datetime) -> Plan:

@@ -48,27 +48,10 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
-from . import reasons as R
-from .actions import (
-    Action,
-    DeleteCanary,
-    EnsureCanary,
-    Event,
-    FreeSlot,
-    Plan,
-    PrepareRouting,
-    RemoveAnnotations,
-    ResetRouting,
-    RestoreStableSelector,
-    ScaleStable,
-    SetStableImage,
-    SetWeight,
-    TakeSlot,
-)
-from .analysis import Check, Verdict, fold, next_check_at
-from .analysis import interval as analysis_interval
-from .analysis import verdict as judge_metrics
-from .api import (
+from greyrelease.analysis.verdicts import Check, Verdict, fold, next_check_at
+from greyrelease.analysis.verdicts import interval as analysis_interval
+from greyrelease.analysis.verdicts import verdict as judge_metrics
+from greyrelease.api.release import (
     ABORT_ANNOTATION,
     BATCH_PHASES,
     PAUSE_ANNOTATION,
@@ -87,9 +70,26 @@ from .api import (
     Restore,
     fmt_time,
 )
-from .batches import MANUAL, Approval, PlanError, Step, expand
-from .governance import SPEC, Hold, Predecessor, Queue, Rules, Source
-from .images import target_image, version_of
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import (
+    Action,
+    DeleteCanary,
+    EnsureCanary,
+    Event,
+    FreeSlot,
+    Plan,
+    PrepareRouting,
+    RemoveAnnotations,
+    ResetRouting,
+    RestoreStableSelector,
+    ScaleStable,
+    SetStableImage,
+    SetWeight,
+    TakeSlot,
+)
+from greyrelease.planner.batches import MANUAL, Approval, PlanError, Step, expand
+from greyrelease.planner.governance import SPEC, Hold, Predecessor, Queue, Rules, Source
+from greyrelease.planner.images import target_image, version_of
 
 #: How long to wait for a change before looking again while something converges. Deployment watch
 #: events wake the release sooner; this is only the safety net.

@@ -1,17 +1,17 @@
 """The workload adapter: the release's Deployments (the user's stable one and the canary) written
-through a :class:`~greyrelease.kube.Kube`, as the routers write the traffic objects.
+through a :class:`~greyrelease.kube.protocol.Kube`, as the routers write the traffic objects.
 
 It is built for one pass from the Deployments that pass read, and keeps the answer of each of its writes,
 so a later action of the same pass starts from what the API server stored. Every call converges on the
 desired state and writes only what differs; what the objects should look like is computed by the pure
-functions of :mod:`greyrelease.workload`.
+functions of :mod:`greyrelease.kube.workload`.
 """
 
 from __future__ import annotations
 
-from .api import Obj
-from .kube import STRATEGIC, Kube, path
-from .workload import build_canary, canary_patch, controller_uid, stable_image_patch
+from greyrelease.api.release import Obj
+from greyrelease.kube.protocol import STRATEGIC, Kube, path
+from greyrelease.kube.workload import build_canary, canary_patch, controller_uid, stable_image_patch
 
 
 def deployments_path(namespace: str, name: str | None = None) -> str:

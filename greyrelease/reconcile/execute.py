@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .actions import (
+from greyrelease.kube.protocol import Kube
+from greyrelease.planner.actions import (
     Action,
     DeleteCanary,
     EnsureCanary,
@@ -16,10 +17,9 @@ from .actions import (
     SetWeight,
     TakeSlot,
 )
-from .kube import Kube
-from .observe import Scene
-from .record import remove_annotations
-from .slots import free, take
+from greyrelease.reconcile.observe import Scene
+from greyrelease.reconcile.record import remove_annotations
+from greyrelease.reconcile.slots import free, take
 
 
 def execute(kube: Kube, actions: tuple[Action, ...], scene: Scene) -> None:

@@ -8,11 +8,11 @@ import base64
 import threading
 from datetime import datetime
 
-from .analysis import Check, Sample, render_query
-from .analysis import due as _due
-from .api import Analysis, GreyReleaseSpec, GreyReleaseStatus, Obj, parse_duration
-from .kube import Kube, path
-from .prometheus import Prometheus
+from greyrelease.analysis.verdicts import Check, Sample, render_query
+from greyrelease.analysis.verdicts import due as _due
+from greyrelease.api.release import Analysis, GreyReleaseSpec, GreyReleaseStatus, Obj, parse_duration
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.reconcile.prometheus import Prometheus
 
 
 def due(spec: GreyReleaseSpec, status: GreyReleaseStatus, now: datetime) -> bool:

@@ -19,9 +19,9 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from . import reasons as R
-from .actions import Plan
-from .api import Phase
+from greyrelease.api.release import Phase
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import Plan
 
 RELEASES = Gauge("greyrelease_releases", "GreyReleases by phase.", ["phase"])
 TRANSITIONS = Counter("greyrelease_batch_transitions_total", "Batches that went live (canary ready, weight set).")

@@ -1,4 +1,4 @@
-"""Observation: the world one pass plans from, read through a :class:`~greyrelease.kube.Kube`, and the
+"""Observation: the world one pass plans from, read through a :class:`~greyrelease.kube.protocol.Kube`, and the
 adapters that pass acts through (built once, from what was read)."""
 
 from __future__ import annotations
@@ -6,13 +6,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .api import ANNOTATION_PREFIX, TRACK_LABEL, BatchState, GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
-from .deployments import Deployments, deployments_path
-from .kube import Kube, path
-from .planner import Observed
-from .policies import Governing, observe_governance
-from .routers import Router, router_for
-from .workload import canary_name, current_template_hash, workload_of
+from greyrelease.api.release import (
+    ANNOTATION_PREFIX,
+    TRACK_LABEL,
+    BatchState,
+    GreyReleaseSpec,
+    GreyReleaseStatus,
+    Obj,
+    Phase,
+)
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.kube.workload import canary_name, current_template_hash, workload_of
+from greyrelease.planner.machine import Observed
+from greyrelease.reconcile.deployments import Deployments, deployments_path
+from greyrelease.reconcile.policies import Governing, observe_governance
+from greyrelease.routers import Router, router_for
 
 
 class Recorded:

@@ -1,6 +1,6 @@
 """Observation for governance: the policies that govern a release, the queue it is in, and the releases
-it comes after, read through a :class:`~greyrelease.kube.Kube` (the controller serves these reads from
-memory). The rules themselves are pure and live in :mod:`greyrelease.governance`.
+it comes after, read through a :class:`~greyrelease.kube.protocol.Kube` (the controller serves these reads from
+memory). The rules themselves are pure and live in :mod:`greyrelease.planner.governance`.
 
 What is read, and when (a release that cannot start a batch in this pass reads nothing it does not need):
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .api import (
+from greyrelease.api.release import (
     GROUP,
     GROUP_LABEL,
     PLURAL,
@@ -36,11 +36,11 @@ from .api import (
     Phase,
     parse_time,
 )
-from .cache import uncached
-from .governance import Predecessor, Queue, Rules, Source, find_cycle, queue_order
-from .kube import Kube, NotFound, path
-from .planner import progressing
-from .slots import Holder, holders_of, lease_path
+from greyrelease.kube.cache import uncached
+from greyrelease.kube.protocol import Kube, NotFound, path
+from greyrelease.planner.governance import Predecessor, Queue, Rules, Source, find_cycle, queue_order
+from greyrelease.planner.machine import progressing
+from greyrelease.reconcile.slots import Holder, holders_of, lease_path
 
 log = logging.getLogger("greyrelease")
 

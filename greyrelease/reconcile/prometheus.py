@@ -13,8 +13,8 @@ from prometheus_api_client import PrometheusConnect
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 from urllib3.util.retry import Retry
 
-from .analysis import Sample
-from .metrics import QUERY, QUERY_ERRORS
+from greyrelease.analysis.verdicts import Sample
+from greyrelease.reconcile.metrics import QUERY, QUERY_ERRORS
 
 ATTEMPTS = 3
 

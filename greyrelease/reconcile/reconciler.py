@@ -6,7 +6,7 @@ last. A controller killed in between plans again from the old status; every acti
 re-applying it is a no-op, the Events get the same names whatever else the repeat reads and are not posted
 twice, and the transition is recorded on the next pass. The status is written only when it differs, so an
 idle release costs reads, never writes. Each step is a unit of its own: :mod:`.observe`,
-:func:`~greyrelease.planner.decide`, :mod:`.execute`, :mod:`.record`, with the metric queries in
+:func:`~greyrelease.planner.machine.decide`, :mod:`.execute`, :mod:`.record`, with the metric queries in
 :mod:`.gates` and a refused spec in :mod:`.invalid`.
 """
 
@@ -19,18 +19,18 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from .actions import Plan
-from .api import GreyReleaseSpec, GreyReleaseStatus
-from .deployments import deployments_path
-from .execute import execute
-from .gates import Gates, due
-from .invalid import invalid_spec
-from .kube import Kube
-from .observe import observe
-from .planner import decide
-from .policies import Governing
-from .record import numbered, post_events, release_path, write_status
-from .workload import canary_name
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.kube.protocol import Kube
+from greyrelease.kube.workload import canary_name
+from greyrelease.planner.actions import Plan
+from greyrelease.planner.invalid import invalid_spec
+from greyrelease.planner.machine import decide
+from greyrelease.reconcile.deployments import deployments_path
+from greyrelease.reconcile.execute import execute
+from greyrelease.reconcile.gates import Gates, due
+from greyrelease.reconcile.observe import observe
+from greyrelease.reconcile.policies import Governing
+from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 
 __all__ = ["Outcome", "Reconciler", "deployments_path", "release_path"]
 

@@ -33,8 +33,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .actions import Event, Plan
-from .api import (
+from greyrelease.api.release import (
     GROUP,
     KIND,
     PLURAL,
@@ -42,7 +41,8 @@ from .api import (
     GreyReleaseStatus,
     Obj,
 )
-from .kube import MERGE, ApiError, Conflict, Kube, path
+from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, path
+from greyrelease.planner.actions import Event, Plan
 
 log = logging.getLogger("greyrelease")
 

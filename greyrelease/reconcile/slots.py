@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from .api import Obj, fmt_time
-from .kube import Conflict, Kube, path
+from greyrelease.api.release import Obj, fmt_time
+from greyrelease.kube.protocol import Conflict, Kube, path
 
 HOLDERS_ANNOTATION = "greyrelease.io/holders"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "greyrelease"}

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ..api import GreyReleaseSpec, GreyReleaseStatus, Obj
-from ..kube import Kube
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
+from greyrelease.kube.protocol import Kube
 
 #: The release's status as the router should act on it: read when a call needs it, so a router built
 #: before the pass's plan acts on what the plan records (e.g. the stable ReplicaSet's hash, recorded in
@@ -55,11 +55,11 @@ def router_for(
 ) -> Router:
     """The router of the release's traffic routing mode. ``status`` is the status to act on, or a
     function giving it at the time of each call."""
-    from ..workload import owner_reference
-    from .gateway import GatewayRouter
-    from .nginx import NginxRouter
-    from .replicas import ReplicaRouter
-    from .service import ServiceRouter
+    from greyrelease.kube.workload import owner_reference
+    from greyrelease.routers.gateway import GatewayRouter
+    from greyrelease.routers.nginx import NginxRouter
+    from greyrelease.routers.replicas import ReplicaRouter
+    from greyrelease.routers.service import ServiceRouter
 
     current: StatusSource = status if callable(status) else (lambda: status)
     routing = spec.traffic_routing

@@ -3,7 +3,7 @@ objects a router creates.
 
 Both modes need a Service that selects only the canary pods: ``<stableService>-canary``, with the stable
 Service's ports and the selector the user wrote plus ``greyrelease.io/track: canary`` (the label every
-canary pod carries, see :func:`greyrelease.workload.build_canary`). The builders are pure; the class
+canary pod carries, see :func:`greyrelease.kube.workload.build_canary`). The builders are pure; the class
 below reads, compares and writes only what differs.
 """
 
@@ -13,11 +13,11 @@ import copy
 import json
 from collections.abc import Callable
 
-from ..api import RELEASE_LABEL, TRACK_LABEL, Obj
-from ..images import label_value
-from ..kube import Kube, path
-from ..workload import CANARY_SUFFIX
-from .selector import ORIGINAL_SELECTOR_ANNOTATION
+from greyrelease.api.release import RELEASE_LABEL, TRACK_LABEL, Obj
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.kube.workload import CANARY_SUFFIX
+from greyrelease.planner.images import label_value
+from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION
 
 
 def canary_service_name(stable_service: str) -> str:

@@ -27,10 +27,10 @@ import copy
 import json
 from collections.abc import Callable
 
-from ..api import GatewayRouting, Obj
-from ..kube import Kube, path
-from .canary_service import CanaryService, canary_service_name, stable_hash_or_raise
-from .selector import ServiceSelector
+from greyrelease.api.release import GatewayRouting, Obj
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.routers.canary_service import CanaryService, canary_service_name, stable_hash_or_raise
+from greyrelease.routers.selector import ServiceSelector
 
 ORIGINAL_RULES_ANNOTATION = "greyrelease.io/original-rules"
 #: Gateway API caps a backendRef weight at 1,000,000.

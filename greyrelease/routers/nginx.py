@@ -24,12 +24,18 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from ..api import RELEASE_LABEL, GreyReleaseSpec, NginxRouting, Obj
-from ..images import label_value
-from ..kube import Kube, path
-from ..workload import CANARY_SUFFIX
-from .canary_service import CanaryService, canary_service_name, foreign, owned_by, stable_hash_or_raise
-from .selector import ServiceSelector
+from greyrelease.api.release import RELEASE_LABEL, GreyReleaseSpec, NginxRouting, Obj
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.kube.workload import CANARY_SUFFIX
+from greyrelease.planner.images import label_value
+from greyrelease.routers.canary_service import (
+    CanaryService,
+    canary_service_name,
+    foreign,
+    owned_by,
+    stable_hash_or_raise,
+)
+from greyrelease.routers.selector import ServiceSelector
 
 #: Some installations still pick the controller by this annotation instead of spec.ingressClassName;
 #: the canary Ingress must be served by the same controller as the main one.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..api import GreyReleaseStatus
-from ..kube import Kube, path
-from ..workload import canary_name, controller_uid
+from greyrelease.api.release import GreyReleaseStatus
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.kube.workload import canary_name, controller_uid
 
 
 class ReplicaRouter:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..api import POD_TEMPLATE_HASH_LABEL
-from ..kube import Kube, path
+from greyrelease.api.release import POD_TEMPLATE_HASH_LABEL
+from greyrelease.kube.protocol import Kube, path
 
 ORIGINAL_SELECTOR_ANNOTATION = "greyrelease.io/original-selector"
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..api import GreyReleaseStatus
-from ..kube import Kube
-from .selector import ServiceSelector
+from greyrelease.api.release import GreyReleaseStatus
+from greyrelease.kube.protocol import Kube
+from greyrelease.routers.selector import ServiceSelector
 
 
 class ServiceRouter:

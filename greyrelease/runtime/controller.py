@@ -3,7 +3,7 @@ the watches feed (kopf's for GreyReleases, reflectors for Deployments and Servic
 between watch events and the release daemons, the reconciler and the pass pool. One :class:`Runtime`
 is made at startup and handed to every kopf handler in ``memo`` (kopf gives each object a shallow copy
 of the operator's memo, so they all share it); a test makes its own, on an in-memory
-:class:`~greyrelease.kube.Kube`.
+:class:`~greyrelease.kube.protocol.Kube`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,24 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from . import metrics
-from .api import ANNOTATION_PREFIX, GROUP, PLURAL, POLICY_PLURAL, TERMINAL_PHASES, VERSION, BatchState, Obj, Phase
-from .cache import CachedKube, Reflector, Store, Watchable, wait_synced
-from .kube import Kube, path
-from .planner import aborting
-from .policies import Governing
-from .pool import PassPool
-from .reconciler import Outcome, Reconciler
+from greyrelease.api.release import (
+    ANNOTATION_PREFIX,
+    GROUP,
+    PLURAL,
+    POLICY_PLURAL,
+    TERMINAL_PHASES,
+    VERSION,
+    BatchState,
+    Obj,
+    Phase,
+)
+from greyrelease.kube.cache import CachedKube, Reflector, Store, Watchable, wait_synced
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.planner.machine import aborting
+from greyrelease.reconcile import metrics
+from greyrelease.reconcile.policies import Governing
+from greyrelease.reconcile.reconciler import Outcome, Reconciler
+from greyrelease.runtime.pool import PassPool
 
 log = logging.getLogger("greyrelease")
 
@@ -34,7 +44,7 @@ Key = tuple[str, str]
 #: The one retry policy of the controller's own loops: a failed pass is tried again after 1, 2, 4, 8,
 #: then every 10 s. Capped at 10 s: after an API server outage a release resumes within 10 s of the API
 #: server being back (a refused connection costs nothing to retry). (Prometheus queries retry briefly
-#: on their own, see :mod:`greyrelease.prometheus`; kopf retries the deletion handler.)
+#: on their own, see :mod:`greyrelease.reconcile.prometheus`; kopf retries the deletion handler.)
 RETRY_WAIT = wait_exponential(multiplier=1, min=1, max=10)
 
 
@@ -153,7 +163,7 @@ def fingerprint(body: Obj) -> Any:
 
 @dataclass(frozen=True)
 class Shard:
-    """The slice of the releases one runtime drives (see :mod:`greyrelease.shards`): the ``shardSelector``
+    """The slice of the releases one runtime drives (see :mod:`greyrelease.runtime.shards`): the ``shardSelector``
     of its watches, and whether its writes are still safe (the shard's Lease is fresh)."""
 
     selector: str

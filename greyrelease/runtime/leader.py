@@ -22,10 +22,10 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from .api import Obj, parse_time
-from .kube import Conflict, Kube, path
+from greyrelease.api.release import Obj, parse_time
+from greyrelease.kube.protocol import Conflict, Kube, path
 
-log = logging.getLogger("greyrelease.leader")
+log = logging.getLogger("greyrelease.runtime.leader")
 
 LEASE_NAME = "greyrelease-controller"
 

@@ -4,7 +4,7 @@ measured run) and, on SIGUSR1, writes the largest allocation sites to ``<file>``
 
 It also keeps the run's peak: each time the traced total reaches a new high (10 % above the last one kept),
 the allocations are saved to ``<file>.peak`` as they are (a tracemalloc snapshot), and
-``python -m greyrelease.memprofile <file>.peak`` reads them later. Only saved in the process: grouping a
+``python -m greyrelease.runtime.memprofile <file>.peak`` reads them later. Only saved in the process: grouping a
 peak of millions of blocks takes minutes of Python that would hold the controller back while it is measured.
 """
 
@@ -117,5 +117,5 @@ def watch_peak(out: Path, every: float = PEAK_EVERY, stop: threading.Event | Non
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m greyrelease.memprofile <file>.peak")
+        sys.exit("usage: python -m greyrelease.runtime.memprofile <file>.peak")
     print(report(tracemalloc.Snapshot.load(sys.argv[1])), end="")

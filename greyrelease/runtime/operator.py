@@ -1,5 +1,5 @@
-"""kopf wiring: when to reconcile which release. The decisions live in :mod:`greyrelease.planner`, the
-state kept while running in one :class:`~greyrelease.runtime.Runtime`, made at startup and found by every
+"""kopf wiring: when to reconcile which release. The decisions live in :mod:`greyrelease.planner.machine`, the
+state kept while running in one :class:`~greyrelease.runtime.controller.Runtime`, made at startup and found by every
 handler in kopf's ``memo``.
 
 Continuation ("RequeueAfter"): every GreyRelease gets a per-object async daemon that reconciles, then
@@ -17,9 +17,9 @@ daemon: every pass plans from the object's ``status`` as last seen, so a restart
 where the last one stopped. Deletion is the exception: kopf stops the daemon when the object is marked
 for deletion, and an ``on.delete`` handler (retried with ``TemporaryError``) puts the app back.
 
-Reads come from memory (:mod:`greyrelease.cache`): the GreyReleases as kopf's watch delivers them, the
+Reads come from memory (:mod:`greyrelease.kube.cache`): the GreyReleases as kopf's watch delivers them, the
 Deployments and Services from reflectors of our own (which also do the waking above; why not kopf's
-watches: see :class:`~greyrelease.cache.Reflector`), each with the responses to our own writes folded in.
+watches: see :class:`~greyrelease.kube.cache.Reflector`), each with the responses to our own writes folded in.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Any, cast
 
 import kopf
 
-from . import collector, metrics
-from .api import GROUP, PLURAL, VERSION, Obj
-from .kubeclient import KubeClient
-from .policies import Governing
-from .runtime import Runtime, Shard, Tuning
+from greyrelease.api.release import GROUP, PLURAL, VERSION, Obj
+from greyrelease.kube.client import KubeClient
+from greyrelease.reconcile import metrics
+from greyrelease.reconcile.policies import Governing
+from greyrelease.runtime import collector
+from greyrelease.runtime.controller import Runtime, Shard, Tuning
 
 log = logging.getLogger("greyrelease")
 
@@ -80,7 +81,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.networking.request_timeout = 30
     shard = memo.get("shard")
     if isinstance(shard, Shard):
-        # One shard of several (greyrelease.shards): the API server sends this operator the releases of
+        # One shard of several (greyrelease.runtime.shards): the API server sends this operator the releases of
         # the shard's namespaces only.
         settings.watching.shard_selectors[GROUP, PLURAL] = shard.selector
     if not isinstance(memo.get("runtime"), Runtime):
@@ -101,7 +102,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         collector.settle()  # what the process holds once started is not walked by collections again
     state = memo.get("state")
     if isinstance(state, dict):
-        state["ready"] = "yes"  # /readyz (greyrelease.health): the watches have listed, passes may run
+        state["ready"] = "yes"  # /readyz (greyrelease.runtime.health): the watches have listed, passes may run
 
 
 @kopf.on.cleanup()

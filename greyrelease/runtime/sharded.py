@@ -1,8 +1,8 @@
 """``greyrelease run --shards N``: one kopf operator per shard this replica holds (see
-:mod:`greyrelease.shards` for how shards are split and held).
+:mod:`greyrelease.runtime.shards` for how shards are split and held).
 
 Each held shard runs its own kopf operator in this process, watching the GreyReleases of the shard's
-namespaces only (the API server filters them), with a :class:`~greyrelease.runtime.Runtime` of its own
+namespaces only (the API server filters them), with a :class:`~greyrelease.runtime.controller.Runtime` of its own
 (stores, reflectors filtered the same way, pass threads) made by the operator's startup handler. A shard
 handed over or lost stops its operator; a new one starts when a shard is taken. Nothing is shared
 between the shards but the ``greyrelease_releases`` gauge.
@@ -16,15 +16,15 @@ import signal
 
 import kopf
 
-from . import metrics
-from .kube import ApiError, path
-from .kubeclient import KubeClient
-from .leader import identity
-from .policies import Governing
-from .runtime import Shard
-from .shards import Held, Shards, selector
+from greyrelease.kube.client import KubeClient
+from greyrelease.kube.protocol import ApiError, path
+from greyrelease.reconcile import metrics
+from greyrelease.reconcile.policies import Governing
+from greyrelease.runtime.controller import Shard
+from greyrelease.runtime.leader import identity
+from greyrelease.runtime.shards import Held, Shards, selector
 
-log = logging.getLogger("greyrelease.shards")
+log = logging.getLogger("greyrelease.runtime.shards")
 
 
 class NotSharded(RuntimeError):

@@ -11,7 +11,7 @@ the releases is most of one replica's work (spread releases over namespaces to s
 
 How a shard is held. Shard ``k`` of ``n`` is the hash range ``[k * 2^64 / n, (k + 1) * 2^64 / n)`` and the
 Lease ``greyrelease-shard-<k>-of-<n>``; its holder runs a kopf operator (and the stores, reflectors and
-pass threads of a :class:`~greyrelease.runtime.Runtime`) that sees that range only. Each replica also
+pass threads of a :class:`~greyrelease.runtime.controller.Runtime`) that sees that range only. Each replica also
 keeps a member Lease, so every replica knows how many are alive and takes at most its fair share
 (``ceil(n / live replicas)``): replicas started together spread the shards, one that dies leaves its
 shards to the others once its Leases expire, one that joins gets shards handed over by those holding
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .api import Obj, parse_time
-from .kube import Kube, path
-from .leader import LEASE_NAME, Lease
+from greyrelease.api.release import Obj, parse_time
+from greyrelease.kube.protocol import Kube, path
+from greyrelease.runtime.leader import LEASE_NAME, Lease
 
-log = logging.getLogger("greyrelease.shards")
+log = logging.getLogger("greyrelease.runtime.shards")
 
 SPACE = 1 << 64  # the API server's hash space: FNV-1a, 64 bits
 FIELD = "object.metadata.namespace"

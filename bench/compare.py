@@ -240,15 +240,30 @@ class IngressProbe:
 
 def service(name: str, selector: dict[str, str], answering: bool = False) -> dict[str, Any]:
     port: dict[str, Any] = {"port": 80, "targetPort": "http", "name": "http"} if answering else {"port": 80}
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": selector, "ports": [port]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": selector, "ports": [port]},
+    }
 
 
 def ingress(name: str) -> dict[str, Any]:
     backend = {"service": {"name": name, "port": {"number": 80}}}
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": name},
-            "spec": {"ingressClassName": "nginx", "rules": [{"host": f"{name}.example", "http": {
-                "paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}]}}  # fmt: skip
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": name},
+        "spec": {
+            "ingressClassName": "nginx",
+            "rules": [
+                {
+                    "host": f"{name}.example",
+                    "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
+                }
+            ],
+        },
+    }
 
 
 def template(name: str, version: str, answering: bool = False) -> dict[str, Any]:
@@ -340,8 +355,11 @@ class GreyReleaseContender(Contender):
         )
 
     def create_app(self, kube: KubeClient, ns: str, name: str, nginx: bool, shape: Shape = APP) -> None:
-        spec = {"replicas": shape.replicas, "selector": {"matchLabels": {"app": name}},
-                "template": template(name, "v1", shape.answering)}  # fmt: skip
+        spec = {
+            "replicas": shape.replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": template(name, "v1", shape.answering),
+        }
         dep = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -358,10 +376,15 @@ class GreyReleaseContender(Contender):
     ) -> None:
         first = {"replicas": 1, "pause": "manual" if hold else f"{PAUSE:g}s"}
         batches = [first, {"replicas": shape.replicas}]
-        spec = {"targetRef": {"name": name}, "targetVersion": version, "batches": batches,
-                "progressDeadlineSeconds": DEADLINE,
-                "trafficRouting": {"nginx": {"ingress": name, "stableService": name}} if nginx
-                else {"service": {"name": name}}}  # fmt: skip
+        spec = {
+            "targetRef": {"name": name},
+            "targetVersion": version,
+            "batches": batches,
+            "progressDeadlineSeconds": DEADLINE,
+            "trafficRouting": {"nginx": {"ingress": name, "stableService": name}}
+            if nginx
+            else {"service": {"name": name}},
+        }
         coll = self.collection(ns)
         if kube.get(f"{coll}/{name}") is None:
             kube.create(
@@ -438,8 +461,15 @@ class ArgoContender(Contender):
     def start(self, cluster: LocalCluster, log: Path) -> subprocess.Popen[bytes]:
         # Its defaults (every namespace, leader election in argo-rollouts, QPS 40 / burst 80, 10 rollout
         # workers), with its metrics endpoint on; the two ports are chosen free on this shared machine.
-        self.command = [str(self.binary), "--kubeconfig", str(cluster.kubeconfig),
-                        "--metricsPort", str(free_port()), "--healthzPort", str(free_port())]  # fmt: skip
+        self.command = [
+            str(self.binary),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--metricsPort",
+            str(free_port()),
+            "--healthzPort",
+            str(free_port()),
+        ]
         return subprocess.Popen(
             self.command, cwd=ROOT, env=cluster.env, stdout=log.open("wb"), stderr=subprocess.STDOUT
         )
@@ -450,10 +480,18 @@ class ArgoContender(Contender):
             canary.update(
                 canaryService=f"{name}-canary", stableService=name, trafficRouting={"nginx": {"stableIngress": name}}
             )
-        ro = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": name},
-              "spec": {"replicas": shape.replicas, "selector": {"matchLabels": {"app": name}},
-                       "progressDeadlineSeconds": DEADLINE,
-                       "template": template(name, "v1", shape.answering), "strategy": {"canary": canary}}}  # fmt: skip
+        ro = {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Rollout",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": shape.replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "progressDeadlineSeconds": DEADLINE,
+                "template": template(name, "v1", shape.answering),
+                "strategy": {"canary": canary},
+            },
+        }
         kube.create(path("", "v1", "services", ns), service(name, {"app": name}, shape.answering))
         if nginx:
             kube.create(path("", "v1", "services", ns), service(f"{name}-canary", {"app": name}))
@@ -463,8 +501,12 @@ class ArgoContender(Contender):
     def release(
         self, kube: KubeClient, ns: str, name: str, version: str, hold: bool, nginx: bool, shape: Shape = APP
     ) -> None:
-        patch = {"spec": {"template": template(name, version, shape.answering),
-                          "strategy": {"canary": {"steps": argo_steps(hold, shape.replicas)}}}}  # fmt: skip
+        patch = {
+            "spec": {
+                "template": template(name, version, shape.answering),
+                "strategy": {"canary": {"steps": argo_steps(hold, shape.replicas)}},
+            }
+        }
         kube.patch(f"{self.collection(ns)}/{name}", patch)
 
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
@@ -568,9 +610,13 @@ def drop_namespace(c: Contender, kube: KubeClient, ns: str) -> None:
 
 
 def cutting_writes(
-    c: Contender, cluster: LocalCluster, ns: str, written: dict[str, float], started: float,
+    c: Contender,
+    cluster: LocalCluster,
+    ns: str,
+    written: dict[str, float],
+    started: float,
     canaries: dict[str, set[str]],
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """For each aborted app, when the API server received the controller's first write that cuts its canary
     off after the abort was written (the audit log). ``canaries``: the canary pods by app."""
     canary_sets = {pod.rsplit("-", 1)[0]: app for app, pods in canaries.items() for pod in pods}
@@ -615,8 +661,9 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         tracker = Tracker(c.progress)
         watch(c.collection(ns), tracker)
         parallel(lambda name: c.create_app(kube, ns, name, False), names)
-        wait(lambda: c.initial_done(tracker, names) and pods_settled(kube, ns, 2 * n), 900 * scale,
-             f"{n} apps ready", 2)  # fmt: skip
+        wait(
+            lambda: c.initial_done(tracker, names) and pods_settled(kube, ns, 2 * n), 900 * scale, f"{n} apps ready", 2
+        )
         time.sleep(5)
 
         # The releases, all at once.
@@ -651,8 +698,12 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         wait(lambda: pods_settled(kube, ns, 2 * n), 900 * scale, "held canaries ready", 2)
         canaries = canary_pods(kube, ns, "v3")
         endpoints.canaries = canaries
-        wait(lambda: all(canaries.get(h) and canaries[h] & endpoints.ready(h) for h in held), 120,
-             "held canaries in the Services' endpoints", 0.5)  # fmt: skip
+        wait(
+            lambda: all(canaries.get(h) and canaries[h] & endpoints.ready(h) for h in held),
+            120,
+            "held canaries in the Services' endpoints",
+            0.5,
+        )
         time.sleep(2)
         cpu_a = stats.cpu()
         written, started = abort_all(c, kube, ns, held, endpoints.arm)
@@ -675,8 +726,12 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
         )
         parallel(lambda name: c.release(kube, ns_nginx, name, "v2", True, True), held)
         wait(lambda: tracker_nginx.count(held, "v2", "paused") == m, 900, f"{m} nginx releases held", 1)
-        wait(lambda: all(ingresses.weight.get(h, "0") != "0" for h in held) and pods_settled(kube, ns_nginx), 300,
-             "canary weights set", 1)  # fmt: skip
+        wait(
+            lambda: all(ingresses.weight.get(h, "0") != "0" for h in held) and pods_settled(kube, ns_nginx),
+            300,
+            "canary weights set",
+            1,
+        )
         time.sleep(2)
         written_nginx, _ = abort_all(c, kube, ns_nginx, held, ingresses.arm)
         wait(lambda: len(ingresses.cut) >= m, 300, "every canary weight 0", 0.2)
@@ -739,7 +794,6 @@ def run_one(c: Contender, cluster: LocalCluster, kube: KubeClient, n: int, workd
             wait(lambda: kube.get(gone) is None, 900 * scale, f"namespace {namespace} gone", 2)  # noqa: B023 - called at once
 
 
-
 # --- the abort cut-off on real requests ----------------------------------------------------------------------
 
 CUT_RATE = 100.0  # requests/s through Traefik: what e2e/test_traffic.py keeps on this 2-core machine
@@ -779,19 +833,43 @@ def run_cutoff(
     try:
         tracker = Tracker(c.progress)
         endpoints = EndpointProbe()
-        for collection, probe in ((c.collection(ns), tracker),
-                                  (path("discovery.k8s.io", "v1", "endpointslices", ns), endpoints)):  # fmt: skip
+        for collection, probe in (
+            (c.collection(ns), tracker),
+            (path("discovery.k8s.io", "v1", "endpointslices", ns), endpoints),
+        ):
             watches.append(Watch(kube, collection, probe))
             watches[-1].start()
             watches[-1].listed.wait(30)
         c.create_app(kube, ns, name, False, CUT_SHAPE)
-        front = {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": name},
-                 "spec": {"ingressClassName": INGRESS_CLASS, "rules": [{"host": host, "http": {"paths": [
-                     {"path": "/", "pathType": "Prefix",
-                      "backend": {"service": {"name": name, "port": {"number": 80}}}}]}}]}}  # fmt: skip
+        front = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": {"name": name},
+            "spec": {
+                "ingressClassName": INGRESS_CLASS,
+                "rules": [
+                    {
+                        "host": host,
+                        "http": {
+                            "paths": [
+                                {
+                                    "path": "/",
+                                    "pathType": "Prefix",
+                                    "backend": {"service": {"name": name, "port": {"number": 80}}},
+                                }
+                            ]
+                        },
+                    }
+                ],
+            },
+        }
         kube.create(path("networking.k8s.io", "v1", "ingresses", ns), front)
-        wait(lambda: c.initial_done(tracker, [name]) and pods_settled(kube, ns, CUT_SHAPE.replicas), 120,
-             "the app ready", 1)  # fmt: skip
+        wait(
+            lambda: c.initial_done(tracker, [name]) and pods_settled(kube, ns, CUT_SHAPE.replicas),
+            120,
+            "the app ready",
+            1,
+        )
         with Load(dataplane.gateway_url, CUT_RATE, host=host) as load:
             wait(lambda: any(r.status == 200 for r in load.records), 60, f"{host} answered through Traefik", 0.5)
             for i in range(aborts):
@@ -800,17 +878,26 @@ def run_cutoff(
                 c.release(kube, ns, name, version, True, False, CUT_SHAPE)
                 wait(lambda v=version: tracker.count([name], v, "paused") == 1, 120, f"{version} held", 0.5)
                 seen = time.time()
-                wait(lambda s=seen, im=image: sum(1 for r in load.records if r.sent >= s and r.image == im) >= 10,
-                     60, f"{version}: canary answers", 0.2)  # fmt: skip
+                wait(
+                    lambda s=seen, im=image: sum(1 for r in load.records if r.sent >= s and r.image == im) >= 10,
+                    60,
+                    f"{version}: canary answers",
+                    0.2,
+                )
                 endpoints.canaries = canary_pods(kube, ns, version)
                 endpoints.cut.pop(name, None)
                 endpoints.arm(name)
                 t0 = time.time()
                 c.abort(kube, ns, name)
                 # Until no canary answer for CUT_QUIET s: every request routed before the cut is answered.
-                wait(lambda im=image: time.time() - max((r.sent for r in load.records if r.image == im),
-                                                         default=0.0) > CUT_QUIET, 60, "no more canary answers",
-                     0.2)  # fmt: skip
+                wait(
+                    lambda im=image: (
+                        time.time() - max((r.sent for r in load.records if r.image == im), default=0.0) > CUT_QUIET
+                    ),
+                    60,
+                    "no more canary answers",
+                    0.2,
+                )
                 final = max(r.sent for r in load.records if r.image == image)
                 written = first_write(cluster, ns, t0, ("greyreleases", "rollouts"), ("bench-compare",))
                 if written is None:
@@ -818,12 +905,18 @@ def run_cutoff(
                 own = first_write(cluster, ns, written, ("services", "replicasets", "deployments"), c.agents)
                 gone = endpoints.cut.get(name)
                 cuts.append(final - written)
-                part = {"controller write": (own or written) - written,
-                        "EndpointSlice update": (gone or final) - (own or written),
-                        "proxy": final - (gone or final)}  # fmt: skip
+                part = {
+                    "controller write": (own or written) - written,
+                    "EndpointSlice update": (gone or final) - (own or written),
+                    "proxy": final - (gone or final),
+                }
                 parts.append(part)
-                print(f"{c.title} abort {i + 1}: last canary answer {final - written:.3f} s after the abort write ("
-                      + ", ".join(f"{k} {v:.3f} s" for k, v in part.items()) + ")", flush=True)
+                print(
+                    f"{c.title} abort {i + 1}: last canary answer {final - written:.3f} s after the abort write ("
+                    + ", ".join(f"{k} {v:.3f} s" for k, v in part.items())
+                    + ")",
+                    flush=True,
+                )
                 c.after_abort(kube, ns, name)
                 wait(lambda: pods_settled(kube, ns, CUT_SHAPE.replicas), 120, "back to the stable pods", 1)
                 time.sleep(1)
@@ -923,8 +1016,11 @@ MEMORY_GOAL_MIB = 1024  # GreyRelease's goal: at most 1 GiB at 10,000 releases i
 def memory_fit(runs: dict[str, Any], who: str) -> tuple[float, float, list[int]] | None:
     """Peak RSS during the releases as a line in N (least squares over the measured sizes of 100 and up,
     where the process' fixed size no longer dominates): (MiB at N = 0, KiB per release, the sizes used)."""
-    points = [(int(n), runs[n]["results"][who]["peak_rss_release_mib"]) for n in sizes(runs)
-              if int(n) >= 100 and "peak_rss_release_mib" in runs[n]["results"].get(who, {})]  # fmt: skip
+    points = [
+        (int(n), runs[n]["results"][who]["peak_rss_release_mib"])
+        for n in sizes(runs)
+        if int(n) >= 100 and "peak_rss_release_mib" in runs[n]["results"].get(who, {})
+    ]
     if len({n for n, _ in points}) < 2:
         return None
     mean_n = sum(n for n, _ in points) / len(points)
@@ -965,8 +1061,11 @@ def memory_section(runs: dict[str, Any]) -> list[str]:
     if gr:
         at = gr[0] + gr[1] * EXTRAPOLATE_TO / 1024
         verdict = "within" if at <= MEMORY_GOAL_MIB else "over"
-        lines += ["", f"GreyRelease at {EXTRAPOLATE_TO:,} releases, extrapolated: {at:.0f} MiB, {verdict} the "
-                      f"{MEMORY_GOAL_MIB} MiB goal."]  # fmt: skip
+        lines += [
+            "",
+            f"GreyRelease at {EXTRAPOLATE_TO:,} releases, extrapolated: {at:.0f} MiB, {verdict} the "
+            f"{MEMORY_GOAL_MIB} MiB goal.",
+        ]
     return [*lines, ""]
 
 
@@ -1075,8 +1174,12 @@ def argo_crds() -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="*", default=[100, 500, 1000])
-    parser.add_argument("--cutoff-aborts", type=int, default=CUT_ABORTS,
-                        help="aborts per controller on real requests, before the sizes (0: none)")  # fmt: skip
+    parser.add_argument(
+        "--cutoff-aborts",
+        type=int,
+        default=CUT_ABORTS,
+        help="aborts per controller on real requests, before the sizes (0: none)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "COMPARISON.md"))
     parser.add_argument("--only", choices=("greyrelease", "argo"), help="run one controller (for trying the harness)")
     args = parser.parse_args()
@@ -1125,8 +1228,15 @@ def main() -> int:
                     print(json.dumps(cut[c.key]), flush=True)
             finally:
                 dataplane.stop()
-            runs[CUTOFF] = {"date": f"{now():%Y-%m-%d}", "commit": commit, "command": command, "versions": versions,
-                            "rate": CUT_RATE, "aborts": args.cutoff_aborts, "results": cut}  # fmt: skip
+            runs[CUTOFF] = {
+                "date": f"{now():%Y-%m-%d}",
+                "commit": commit,
+                "command": command,
+                "versions": versions,
+                "rate": CUT_RATE,
+                "aborts": args.cutoff_aborts,
+                "results": cut,
+            }
             json_path.write_text(json.dumps(runs, indent=2) + "\n")
             write_report(runs, out)
         for n in args.sizes:
@@ -1137,8 +1247,14 @@ def main() -> int:
                 print(json.dumps(results[c.key]), flush=True)
                 # Written after each controller: a large size takes an hour, and a run stopped half-way
                 # keeps what it measured.
-                runs[str(n)] = {"date": f"{now():%Y-%m-%d}", "commit": commit, "command": command,
-                                "versions": versions, "abort_n": min(MAX_ABORTS, n), "results": results}  # fmt: skip
+                runs[str(n)] = {
+                    "date": f"{now():%Y-%m-%d}",
+                    "commit": commit,
+                    "command": command,
+                    "versions": versions,
+                    "abort_n": min(MAX_ABORTS, n),
+                    "results": results,
+                }
                 json_path.write_text(json.dumps(runs, indent=2) + "\n")
                 write_report(runs, out)
     finally:

@@ -250,22 +250,39 @@ def settled(kube: KubeClient, ns: str, deployments: int) -> bool:
 def app(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     labels = {"app": name}
     dep = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
-        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [{"name": "app", "image": "registry.example/app:v1"}]}}},
-    }  # fmt: skip
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-           "spec": {"selector": labels, "ports": [{"port": 80}]}}  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "app", "image": "registry.example/app:v1"}]},
+            },
+        },
+    }
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": labels, "ports": [{"port": 80}]},
+    }
     return dep, svc
 
 
 def release(name: str, version: str, batches: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": name},
-        "spec": {"targetRef": {"name": name}, "targetVersion": version, "batches": batches,
-                 "trafficRouting": {"service": {"name": name}}},
-    }  # fmt: skip
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"name": name},
+            "targetVersion": version,
+            "batches": batches,
+            "trafficRouting": {"service": {"name": name}},
+        },
+    }
 
 
 def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> None:
@@ -327,10 +344,22 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
     log = (workdir / f"controller-{n}.log").open("wb")
     metrics_port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "greyrelease", "run", "--namespace", ns, "--no-leader-elect",
-         "--metrics-port", str(metrics_port)],
-        cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "greyrelease",
+            "run",
+            "--namespace",
+            ns,
+            "--no-leader-elect",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        cwd=ROOT,
+        env=cluster.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     stats = ProcStats(proc.pid)
     spy = None
     if PROFILE:
@@ -340,10 +369,23 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         # the GIL is sampled, the one running Python; without it the pool's waiting threads took 67-81 % of
         # the samples although py-spy leaves idle threads out by default.
         spy = subprocess.Popen(
-            ["py-spy", "record", "--nonblocking", "--gil", "--pid", str(proc.pid), "--format", "raw", "--rate", "50",
-             "--output", str(workdir / f"profile-{n}.txt")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "py-spy",
+                "record",
+                "--nonblocking",
+                "--gil",
+                "--pid",
+                str(proc.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "50",
+                "--output",
+                str(workdir / f"profile-{n}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     try:
         time.sleep(5)  # the controller lists and watches before the clock starts
         cpu0 = stats.cpu()
@@ -508,8 +550,12 @@ def goals(results: list[dict[str, Any]]) -> list[str]:
         row("transition lag p99 <= 1 s", 500, lambda r: r["lag_p99_s"], lambda v: v <= 1.0, " s"),
         row("the same, timed pauses only", 500, lambda r: r["timed_lag_p99_s"], lambda v: v <= 1.0, " s"),
         row("peak resident memory <= 300 MiB", 1000, lambda r: r["peak_rss_mib"], lambda v: v <= 300, " MiB"),
-        row(f"writes per batch transition <= {WRITES_BOUND}", worst["n"], lambda r: r["writes_per_transition"],
-            lambda v: v <= WRITES_BOUND),
+        row(
+            f"writes per batch transition <= {WRITES_BOUND}",
+            worst["n"],
+            lambda r: r["writes_per_transition"],
+            lambda v: v <= WRITES_BOUND,
+        ),
         row("API writes while idle = 0", max(by_n), lambda r: r["idle_writes_60s"], lambda v: v == 0),
         "",
     ]

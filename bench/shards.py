@@ -68,9 +68,12 @@ class Narrowings(threading.Thread):
     def run(self) -> None:
         rv = self.kube.request("GET", path("", "v1", "services"))["metadata"]["resourceVersion"]
         self._resp = self.kube._pool.request(
-            "GET", self.kube.host + path("", "v1", "services") + f"?watch=1&resourceVersion={rv}",
-            headers=self.kube._headers(), preload_content=False, timeout=urllib3.Timeout(connect=5, read=900),
-        )  # fmt: skip
+            "GET",
+            self.kube.host + path("", "v1", "services") + f"?watch=1&resourceVersion={rv}",
+            headers=self.kube._headers(),
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=5, read=900),
+        )
         self.started.set()
         buf = b""
         try:
@@ -124,10 +127,15 @@ def run_shards(
     args = ["--shards", str(k), "--leader-election-namespace", SYSTEM] if k > 1 else ["--no-leader-elect"]
     for i in range(k):
         log = (workdir / f"controller-{n}-{k}-{i}.log").open("wb")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "greyrelease", "run", "--metrics-port", str(free_port()), *args],
-            cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "greyrelease", "run", "--metrics-port", str(free_port()), *args],
+                cwd=ROOT,
+                env=cluster.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         stats.append(ProcStats(procs[-1].pid))
     try:
         time.sleep(10 if k > 1 else 5)  # the replicas share the shards, list and watch before the clock starts
@@ -145,8 +153,12 @@ def run_shards(
 
         parallel(create, apps)
         done = ("Succeeded", "Failed", "Aborted")
-        wait(lambda: sum(1 for g in releases() if (g.get("status") or {}).get("phase") in done) == n,
-             1800 * max(1.0, n / 1000), f"{n} releases finished", 2)  # fmt: skip
+        wait(
+            lambda: sum(1 for g in releases() if (g.get("status") or {}).get("phase") in done) == n,
+            1800 * max(1.0, n / 1000),
+            f"{n} releases finished",
+            2,
+        )
         items = releases()
         done_at = max(parse_time(g["status"].get("phaseStartedAt")) or started for g in items)
         phases = Counter(g["status"]["phase"] for g in items)
@@ -165,8 +177,13 @@ def run_shards(
         m = min(n, 200)
         held = apps[:m]
         hold = [{"replicas": 1, "pause": "manual"}, {"replicas": 2}]
-        parallel(lambda item: kube.patch(path("greyrelease.io", "v1", "greyreleases", item[0], item[1]),
-                                         {"spec": {"targetVersion": "v3", "batches": hold}}), held)  # fmt: skip
+        parallel(
+            lambda item: kube.patch(
+                path("greyrelease.io", "v1", "greyreleases", item[0], item[1]),
+                {"spec": {"targetVersion": "v3", "batches": hold}},
+            ),
+            held,
+        )
         keys = set(held)
 
         def live() -> bool:
@@ -182,8 +199,10 @@ def run_shards(
         written: dict[tuple[str, str], float] = {}
 
         def abort(item: tuple[str, str]) -> None:
-            kube.patch(path("greyrelease.io", "v1", "greyreleases", item[0], item[1]),
-                       {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}})  # fmt: skip
+            kube.patch(
+                path("greyrelease.io", "v1", "greyreleases", item[0], item[1]),
+                {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}},
+            )
             written[item] = time.time()
 
         parallel(abort, held, workers=8)
@@ -216,20 +235,27 @@ def run_shards(
             except subprocess.TimeoutExpired:
                 p.kill()
         for g in releases():
-            kube.patch(path("greyrelease.io", "v1", "greyreleases", g["metadata"]["namespace"], g["metadata"]["name"]),
-                       {"metadata": {"finalizers": None}})  # fmt: skip
+            kube.patch(
+                path("greyrelease.io", "v1", "greyreleases", g["metadata"]["namespace"], g["metadata"]["name"]),
+                {"metadata": {"finalizers": None}},
+            )
         for ns in [*namespaces, SYSTEM]:
             kube.delete(path("", "v1", "namespaces", name=ns))
         # The next run creates the same namespaces: wait until these are gone.
-        wait(lambda: not any(n["metadata"]["name"] in ours | {SYSTEM} for n in kube.list(path("", "v1", "namespaces"))),
-             600, "namespaces deleted", 2)  # fmt: skip
+        wait(
+            lambda: not any(n["metadata"]["name"] in ours | {SYSTEM} for n in kube.list(path("", "v1", "namespaces"))),
+            600,
+            "namespaces deleted",
+            2,
+        )
 
 
 def commit() -> str:
     """The commit measured (with "+changes" when the work tree differs from it)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True)  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    )
     return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
 
 
@@ -265,8 +291,9 @@ def main() -> int:
     parser.add_argument("--namespaces", type=int, default=30)
     parser.add_argument("--out", default=str(ROOT / "bench" / "SHARDS.md"))
     args = parser.parse_args()
-    command = (f"python -m bench.shards --n {args.n} --shards {' '.join(map(str, args.shards))} "
-               f"--namespaces {args.namespaces}")  # fmt: skip
+    command = (
+        f"python -m bench.shards --n {args.n} --shards {' '.join(map(str, args.shards))} --namespaces {args.namespaces}"
+    )
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-shards-"))
     with bench_cluster(workdir) as (cluster, kube):
         namespaces = balanced_namespaces(args.namespaces, max(args.shards))

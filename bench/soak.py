@@ -92,8 +92,7 @@ def report(summary: dict[str, Any], out: Path, command: str) -> None:
         "",
         f"Produced by `{command}` on the local cluster (KWOK nodes), 2 cores: {s['n']} apps of 2 replicas,",
         "one release after another for each (batch 1 = 1 canary pod, 2 s pause; batch 2 = all pods; then",
-        f"promotion) for {s['minutes']:g} minutes; the controller's resident memory sampled every "
-        f"{SAMPLE_EVERY:g} s.",
+        f"promotion) for {s['minutes']:g} minutes; the controller's resident memory sampled every {SAMPLE_EVERY:g} s.",
         "",
         "| | |",
         "| --- | --- |",
@@ -106,8 +105,10 @@ def report(summary: dict[str, Any], out: Path, command: str) -> None:
         "",
         "| round | ended (s) | took (s) | RSS at its end (MiB) |",
         "| --- | --- | --- | --- |",
-        *(f"| {i + 1} | {r['ended_s']:.0f} | {r['took_s']:.0f} | {r['rss_mib']:.1f} |"
-          for i, r in enumerate(s["round_ends"])),
+        *(
+            f"| {i + 1} | {r['ended_s']:.0f} | {r['took_s']:.0f} | {r['rss_mib']:.1f} |"
+            for i, r in enumerate(s["round_ends"])
+        ),
         "",
     ]
     out.write_text("\n".join(lines))
@@ -120,10 +121,22 @@ def soak(cluster: Any, kube: KubeClient, n: int, minutes: float, workdir: Path) 
     names = namespace_of_apps(cluster, kube, ns, n)
     log = (workdir / f"controller-soak-{n}.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "greyrelease", "run", "--namespace", ns, "--no-leader-elect",
-         "--metrics-port", str(free_port())],
-        cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "greyrelease",
+            "run",
+            "--namespace",
+            ns,
+            "--no-leader-elect",
+            "--metrics-port",
+            str(free_port()),
+        ],
+        cwd=ROOT,
+        env=cluster.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     stats = ProcStats(proc.pid)
     series = RssSeries(stats)
     rounds: list[dict[str, Any]] = []
@@ -142,13 +155,24 @@ def soak(cluster: Any, kube: KubeClient, n: int, minutes: float, workdir: Path) 
 
             def done(target: str = target) -> bool:
                 items = kube.list(gr_path)
-                return sum(1 for g in items if (g.get("status") or {}).get("targetVersion") == target
-                           and (g.get("status") or {}).get("phase") == "Succeeded") == n  # fmt: skip
+                return (
+                    sum(
+                        1
+                        for g in items
+                        if (g.get("status") or {}).get("targetVersion") == target
+                        and (g.get("status") or {}).get("phase") == "Succeeded"
+                    )
+                    == n
+                )
 
             wait(done, 3600, f"round {version - 1}: {n} releases of {target} succeeded", 2)
-            rounds.append({"ended_s": round(time.monotonic() - series.t0, 1),
-                           "took_s": round(time.monotonic() - started, 1),
-                           "rss_mib": round(stats.rss() / 2**20, 1)})  # fmt: skip
+            rounds.append(
+                {
+                    "ended_s": round(time.monotonic() - series.t0, 1),
+                    "took_s": round(time.monotonic() - started, 1),
+                    "rss_mib": round(stats.rss() / 2**20, 1),
+                }
+            )
             print(f"round {version - 1}: {rounds[-1]}", flush=True)
         return summarize(rounds, series.points, n, minutes)
     finally:

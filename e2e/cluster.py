@@ -24,9 +24,21 @@ from e2e.harness.controlplane import (
 from e2e.harness.process import free_port, free_ports, new_workdir, sweep_stale_workdirs, wait_until
 
 __all__ = [
-    "KWOK_STAGES", "NODE_NAMES", "Cluster", "KubectlError", "LocalCluster", "external_cluster", "find_kubectl",
-    "free_port", "free_ports", "main", "new_workdir", "start_local_cluster", "sweep_stale_workdirs", "wait_until",
-]  # fmt: skip
+    "KWOK_STAGES",
+    "NODE_NAMES",
+    "Cluster",
+    "KubectlError",
+    "LocalCluster",
+    "external_cluster",
+    "find_kubectl",
+    "free_port",
+    "free_ports",
+    "main",
+    "new_workdir",
+    "start_local_cluster",
+    "sweep_stale_workdirs",
+    "wait_until",
+]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -103,8 +103,13 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 def crd(cluster: Cluster) -> Path:
     """The CRDs that ship, applied with kubectl and established."""
     cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io",
-                    "crd/greyreleasepolicies.greyrelease.io", "--timeout=30s")  # fmt: skip
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/greyreleases.greyrelease.io",
+        "crd/greyreleasepolicies.greyrelease.io",
+        "--timeout=30s",
+    )
     return CRD
 
 

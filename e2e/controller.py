@@ -39,9 +39,13 @@ class Controller:
     """``greyrelease run`` in a subprocess, watching one namespace (or several, given a list)."""
 
     def __init__(
-        self, cluster: Cluster, namespace: str | list[str], log: Path,
-        extra_env: dict[str, str] | None = None, extra_args: list[str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cluster: Cluster,
+        namespace: str | list[str],
+        log: Path,
+        extra_env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
         self.namespace = self.namespaces[0]
@@ -50,17 +54,32 @@ class Controller:
         self.args = extra_args or []
         if not any(a.startswith("--health-port") for a in self.args):
             self.args = [*self.args, "--health-port", str(free_port())]
-        self.health_port = int(next(a.split("=", 1)[1] if "=" in a else self.args[i + 1]
-                                    for i, a in enumerate(self.args) if a.startswith("--health-port")))  # fmt: skip
+        self.health_port = int(
+            next(
+                a.split("=", 1)[1] if "=" in a else self.args[i + 1]
+                for i, a in enumerate(self.args)
+                if a.startswith("--health-port")
+            )
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "greyrelease", "run", *(a for ns in self.namespaces for a in ("--namespace", ns)),
-             *self.args],
-            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "greyrelease",
+                "run",
+                *(a for ns in self.namespaces for a in ("--namespace", ns)),
+                *self.args,
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def ready(self) -> bool:
         """Whether the controller answers /readyz: started, its watches listed, passes running."""

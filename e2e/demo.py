@@ -72,14 +72,19 @@ def stack() -> Iterator[Stack]:
     """The running environment of `make cluster-up`, or one started (and stopped) here."""
     existing = external_cluster()
     if existing is not None:
-        env = {k: os.environ.get(k, "") for k in ("GREYRELEASE_GATEWAY_URL", "GREYRELEASE_GATEWAY",
-                                                   "GREYRELEASE_PROMETHEUS_URL")}  # fmt: skip
+        env = {
+            k: os.environ.get(k, "")
+            for k in ("GREYRELEASE_GATEWAY_URL", "GREYRELEASE_GATEWAY", "GREYRELEASE_PROMETHEUS_URL")
+        }
         missing = [k for k, v in env.items() if not v]
         if missing:
-            raise SystemExit(f"demo: KUBECONFIG reaches a cluster but {', '.join(missing)} is not set: run "
-                             "`eval \"$(python -m e2e.cluster up --with-dataplane)\"` or unset KUBECONFIG")  # fmt: skip
-        yield Stack(existing, env["GREYRELEASE_GATEWAY_URL"], env["GREYRELEASE_GATEWAY"],
-                    env["GREYRELEASE_PROMETHEUS_URL"])  # fmt: skip
+            raise SystemExit(
+                f"demo: KUBECONFIG reaches a cluster but {', '.join(missing)} is not set: run "
+                '`eval "$(python -m e2e.cluster up --with-dataplane)"` or unset KUBECONFIG'
+            )
+        yield Stack(
+            existing, env["GREYRELEASE_GATEWAY_URL"], env["GREYRELEASE_GATEWAY"], env["GREYRELEASE_PROMETHEUS_URL"]
+        )
         return
     print("starting the local cluster, Prometheus, Traefik and the pod responders...", flush=True)
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="greyrelease-cluster-")))
@@ -127,8 +132,11 @@ class TrafficView:
             status = json.loads(release.stdout).get("status", {}) if release.returncode == 0 else {}
             # The second before the last half second: requests still in flight are not in the records yet.
             s = summarise(self.load.records, tick - 1.5, tick - 0.5, asked_rate=self.load.rate)
-            print(f"{tick - self.started:4.0f}s  {status.get('phase', '-'):<12}{status.get('batch', '-'):<6}"
-                  f"{status.get('canaryWeight', 0):>5}%  {s.line()}", flush=True)  # fmt: skip
+            print(
+                f"{tick - self.started:4.0f}s  {status.get('phase', '-'):<12}{status.get('batch', '-'):<6}"
+                f"{status.get('canaryWeight', 0):>5}%  {s.line()}",
+                flush=True,
+            )
 
 
 def phase(cluster: Cluster) -> str:
@@ -156,13 +164,17 @@ def wait_canary_gone(cluster: Cluster, grace: float) -> None:
 
 def release_spec(st: Stack, version: str, batches: list[dict[str, Any]]) -> dict[str, Any]:
     return gr(
-        "web", targetRef={"name": "web"}, targetVersion=version,
+        "web",
+        targetRef={"name": "web"},
+        targetVersion=version,
         trafficRouting={"gatewayAPI": {"httpRoute": "web", "stableService": "web-stable"}},
         batches=batches,
-        analysis={"prometheus": {"address": st.prometheus_url, "timeout": "2s"}, "interval": "1s",
-                  "metrics": [{"name": "error-ratio", "query": ERROR_RATIO,
-                               "compare": {"maxIncrease": 1.0, "floor": 0.01}}]},
-    )  # fmt: skip
+        analysis={
+            "prometheus": {"address": st.prometheus_url, "timeout": "2s"},
+            "interval": "1s",
+            "metrics": [{"name": "error-ratio", "query": ERROR_RATIO, "compare": {"maxIncrease": 1.0, "floor": 0.01}}],
+        },
+    )
 
 
 def run(st: Stack) -> int:
@@ -174,18 +186,27 @@ def run(st: Stack) -> int:
     cluster.kubectl("create", "namespace", NS)
     cluster.wait_for_namespace_ready(NS)
 
-    say("kubectl apply -f app.yaml   # Deployment web (10 pods of app:v1, answering HTTP), Service web-stable, "
-        f"HTTPRoute web ({HOST}) on the Gateway {st.gateway}")  # fmt: skip
+    say(
+        "kubectl apply -f app.yaml   # Deployment web (10 pods of app:v1, answering HTTP), Service web-stable, "
+        f"HTTPRoute web ({HOST}) on the Gateway {st.gateway}"
+    )
     grace = 5
     app = answering_app("web", 10, V1, grace_seconds=grace)
     for item in app["items"]:
         if item["kind"] == "Service":
             item["metadata"]["name"] = "web-stable"
-    app["items"].append({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "web"},
-        "spec": {"parentRefs": [st.parent_ref], "hostnames": [HOST],
-                 "rules": [{"backendRefs": [{"name": "web-stable", "port": 80}]}]},
-    })  # fmt: skip
+    app["items"].append(
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "web"},
+            "spec": {
+                "parentRefs": [st.parent_ref],
+                "hostnames": [HOST],
+                "rules": [{"backendRefs": [{"name": "web-stable", "port": 80}]}],
+            },
+        }
+    )
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(app))
     cluster.kubectl("rollout", "status", "deployment/web", "-n", NS, "--timeout=90s")
     with Load(st.gateway_url, 20, host=HOST, timeout=2) as probe:
@@ -200,10 +221,16 @@ def run(st: Stack) -> int:
     load.start()
     ok = True
     try:
-        good = release_spec(st, "v2", [{"replicas": 1, "weight": 10, "pause": "5s"},
-                                       {"replicas": 3, "weight": 25, "pause": "5s"},
-                                       {"replicas": 5, "weight": 50, "pause": "5s"},
-                                       {"replicas": 10, "weight": 100, "pause": "5s"}])  # fmt: skip
+        good = release_spec(
+            st,
+            "v2",
+            [
+                {"replicas": 1, "weight": 10, "pause": "5s"},
+                {"replicas": 3, "weight": 25, "pause": "5s"},
+                {"replicas": 5, "weight": 50, "pause": "5s"},
+                {"replicas": 10, "weight": 100, "pause": "5s"},
+            ],
+        )
         say("kubectl apply -f release.yaml   # v2 in 4 batches, gated on its error ratio in Traefik's counters")
         print(json.dumps(good["spec"], indent=1))
         t0 = time.time()
@@ -213,14 +240,18 @@ def run(st: Stack) -> int:
             wait_canary_gone(cluster, grace)
         t1 = time.time()
         s = summarise(load.records, t0, t1, asked_rate=RATE)
-        print(f"\nrelease v2: {end}. {s.sent} requests during the release ({s.rate:.1f}/s), "
-              f"{len(s.failed)} failed; answered by {s.answered_by_image}")  # fmt: skip
+        print(
+            f"\nrelease v2: {end}. {s.sent} requests during the release ({s.rate:.1f}/s), "
+            f"{len(s.failed)} failed; answered by {s.answered_by_image}"
+        )
         ok = ok and end == "Succeeded" and not s.failed
         good_line = f"release v2: {end}, {len(s.failed)} failed requests of {s.sent}"
 
         bad_version = "v3-err30"
-        say(f"kubectl patch gr web --type merge -p '{{\"spec\":{{\"targetVersion\":\"{bad_version}\"}}}}'"
-            "   # a bad version: 30% of its answers are 500s")  # fmt: skip
+        say(
+            f'kubectl patch gr web --type merge -p \'{{"spec":{{"targetVersion":"{bad_version}"}}}}\''
+            "   # a bad version: 30% of its answers are 500s"
+        )
         bad = release_spec(st, bad_version, [{"replicas": 1, "weight": 10, "pause": "300s"}, {"replicas": 10}])
         t2 = time.time()
         with TrafficView(st, load):
@@ -230,7 +261,7 @@ def run(st: Stack) -> int:
         t3 = time.time()
         say("kubectl describe gr web   # the story, in Events")
         described = cluster.kubectl("describe", "gr", "web", "-n", NS).stdout
-        print(described[described.find("Events:"):])
+        print(described[described.find("Events:") :])
     finally:
         records = load.stop()
         # Deleted while the controller runs: its finalizer would otherwise hold the namespace.
@@ -246,8 +277,10 @@ def run(st: Stack) -> int:
     print(f"release {bad_version}: {end}, with no human action")
     print(f"failed requests users saw: {len(s.failed)} of {s.sent} ({s.rate:.1f} requests/s)")
     if first_failed is not None and last_answer is not None:
-        print(f"time to cut: {last_answer.sent - first_failed.sent:.2f} s from the first failed canary answer to the "
-              f"last canary answer ({len(canary)} canary answers in all)")  # fmt: skip
+        print(
+            f"time to cut: {last_answer.sent - first_failed.sent:.2f} s from the first failed canary answer to the "
+            f"last canary answer ({len(canary)} canary answers in all)"
+        )
     ok = ok and end == "Failed" and first_failed is not None
     if not ok:
         print(f"--- controller log (last lines) ---\n{controller.logs()}")

@@ -59,10 +59,10 @@ class Simulator:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("http_requests", "Requests served.", LABELS, registry=self.registry)
-        self.errors = Counter("http_request_errors", "Requests answered with an error.", LABELS,
-                              registry=self.registry)  # fmt: skip
-        self.latency = Histogram("http_request_duration_seconds", "Request latency.", LABELS,
-                                 buckets=BUCKETS, registry=self.registry)  # fmt: skip
+        self.errors = Counter("http_request_errors", "Requests answered with an error.", LABELS, registry=self.registry)
+        self.latency = Histogram(
+            "http_request_duration_seconds", "Request latency.", LABELS, buckets=BUCKETS, registry=self.registry
+        )
         self.configs: dict[Key, TrackConfig] = {}
         self.carry: dict[Key, tuple[float, float]] = {}  # unsent fractions of (requests, errors)
         self.lock = threading.Lock()
@@ -149,10 +149,13 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             try:
                 raw = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                 config = TrackConfig(
-                    namespace=str(raw["namespace"]), app=str(raw["app"]), track=str(raw["track"]),
-                    rps=float(raw.get("rps", 0.0)), error_ratio=float(raw.get("error_ratio", 0.0)),
+                    namespace=str(raw["namespace"]),
+                    app=str(raw["app"]),
+                    track=str(raw["track"]),
+                    rps=float(raw.get("rps", 0.0)),
+                    error_ratio=float(raw.get("error_ratio", 0.0)),
                     latency_seconds=float(raw.get("latency_seconds", 0.05)),
-                )  # fmt: skip
+                )
                 sim.set(config)
             except (ValueError, KeyError, TypeError) as exc:
                 self._json(400, {"error": f"bad config: {exc}"})

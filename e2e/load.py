@@ -159,8 +159,9 @@ class Load:
             error = f"{type(exc).__name__}: {exc}"
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
-        record = Record(scheduled=scheduled, sent=sent, latency=latency, status=status, error=error, pod=pod,
-                        image=image)  # fmt: skip
+        record = Record(
+            scheduled=scheduled, sent=sent, latency=latency, status=status, error=error, pod=pod, image=image
+        )
         with self._lock:
             self._records.append(record)
 

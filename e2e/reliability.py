@@ -61,9 +61,13 @@ class Write:
 
 
 def audited_writes(
-    cluster: LocalCluster, *, namespace: str | None = None, agents: Iterable[str] = CONTROLLER_AGENTS,
-    since: datetime | None = None, until: datetime | None = None,
-) -> list[Write]:  # fmt: skip
+    cluster: LocalCluster,
+    *,
+    namespace: str | None = None,
+    agents: Iterable[str] = CONTROLLER_AGENTS,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[Write]:
     """Writes in the local API server's audit log, by clients whose User-Agent starts with one of
     `agents` (all clients when empty), in `namespace`, received in [since, until)."""
     agents = tuple(agents)
@@ -80,11 +84,19 @@ def audited_writes(
         at = parse_time(ev["requestReceivedTimestamp"])
         if (since is not None and at < since) or (until is not None and at >= until):
             continue
-        found.append(Write(
-            at=at, verb=ev["verb"], resource=ref.get("resource", ""), subresource=ref.get("subresource", ""),
-            namespace=ref.get("namespace", ""), name=ref.get("name", ""), agent=agent,
-            code=int((ev.get("responseStatus") or {}).get("code") or 0), body=ev.get("requestObject"),
-        ))  # fmt: skip
+        found.append(
+            Write(
+                at=at,
+                verb=ev["verb"],
+                resource=ref.get("resource", ""),
+                subresource=ref.get("subresource", ""),
+                namespace=ref.get("namespace", ""),
+                name=ref.get("name", ""),
+                agent=agent,
+                code=int((ev.get("responseStatus") or {}).get("code") or 0),
+                body=ev.get("requestObject"),
+            )
+        )
     return found
 
 
@@ -125,9 +137,15 @@ class SlowPrometheus:
                 with outer._lock:
                     outer.requests += 1
                 outer._closing.wait(outer.delay)
-                body = json.dumps({"status": "success", "data": {
-                    "resultType": "vector", "result": [{"metric": {}, "value": [time.time(), str(outer.value)]}],
-                }}).encode()  # fmt: skip
+                body = json.dumps(
+                    {
+                        "status": "success",
+                        "data": {
+                            "resultType": "vector",
+                            "result": [{"metric": {}, "value": [time.time(), str(outer.value)]}],
+                        },
+                    }
+                ).encode()
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -206,8 +224,13 @@ class Chaos:
 # --- apps and what a release leaves behind -------------------------------------------------------------
 
 
-def deploy_apps(cluster: Cluster, namespace: str, apps: dict[str, int], image: str = "registry.example/app:v1",
-                timeout: float = 90.0) -> None:  # fmt: skip
+def deploy_apps(
+    cluster: Cluster,
+    namespace: str,
+    apps: dict[str, int],
+    image: str = "registry.example/app:v1",
+    timeout: float = 90.0,
+) -> None:
     """Deployments (with a Service each) named and sized by `apps`, all applied at once; waits until all
     are ready."""
     manifest = "\n---\n".join(app_manifest(name, replicas, image) for name, replicas in apps.items())

@@ -155,8 +155,15 @@ class Pod:
             await asyncio.sleep(self.behaviour.delay_seconds)
         status = 500 if fails(n, self.behaviour.error_percent) else 200
         s = self.spec
-        body = {"pod": s.pod, "namespace": s.namespace, "image": s.image, "uid": s.uid, "ip": s.ip,
-                "port": s.port, "status": status}  # fmt: skip
+        body = {
+            "pod": s.pod,
+            "namespace": s.namespace,
+            "image": s.image,
+            "uid": s.uid,
+            "ip": s.ip,
+            "port": s.port,
+            "status": status,
+        }
         response = web.json_response(body, status=status)
         if self.draining:
             response.force_close()  # Connection: close: the proxy opens no more requests on this connection

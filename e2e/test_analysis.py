@@ -31,16 +31,27 @@ NOTHING = f"sum(rate(greyrelease_e2e_never_exported_total{{{SELECTOR}}}[5s]))"
 TERMINAL = {"Succeeded", "Failed", "Aborted", "InvalidSpec"}
 
 
-def release_with(prometheus: PrometheusStack, metric: dict[str, Any], *, batches: list[dict] | None = None,
-                 interval: str = "1s", **spec: Any) -> dict[str, Any]:  # fmt: skip
+def release_with(
+    prometheus: PrometheusStack,
+    metric: dict[str, Any],
+    *,
+    batches: list[dict] | None = None,
+    interval: str = "1s",
+    **spec: Any,
+) -> dict[str, Any]:
     return gr(
-        "web", appName="web", targetVersion="v2",
+        "web",
+        appName="web",
+        targetVersion="v2",
         batches=batches or [{"replicas": 1, "pause": "2s"}, {"replicas": 2, "pause": "2s"}, {"replicas": 4}],
         trafficRouting={"service": {"name": "web"}},
-        analysis={"prometheus": {"address": prometheus.url, "timeout": "2s"}, "interval": interval,
-                  "metrics": [{"name": "error-rate", "query": ERROR_RATE, **metric}]},
+        analysis={
+            "prometheus": {"address": prometheus.url, "timeout": "2s"},
+            "interval": interval,
+            "metrics": [{"name": "error-rate", "query": ERROR_RATE, **metric}],
+        },
         **spec,
-    )  # fmt: skip
+    )
 
 
 def serve(prometheus: PrometheusStack, namespace: str, *, stable: float, canary: float) -> None:
@@ -79,12 +90,21 @@ def test_error_rate_raised_in_batch_two_rolls_back_in_time(
     serve(prometheus, namespace, stable=0.01, canary=0.01)
     interval, failure_limit = 2, 0
     batches = [{"replicas": 1, "pause": "3s"}, {"replicas": 2, "pause": "60s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, release_with(
-        prometheus, {"thresholdRange": {"max": 0.05}, "failureLimit": failure_limit},
-        batches=batches, interval=f"{interval}s"))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        release_with(
+            prometheus,
+            {"thresholdRange": {"max": 0.05}, "failureLimit": failure_limit},
+            batches=batches,
+            interval=f"{interval}s",
+        ),
+    )
     wait_for(
-        lambda: status(cluster, namespace, "web").get("currentBatch") == 2
-        and status(cluster, namespace, "web").get("batchReadyAt"),
+        lambda: (
+            status(cluster, namespace, "web").get("currentBatch") == 2
+            and status(cluster, namespace, "web").get("batchReadyAt")
+        ),
         90,
         "batch 2 live",
     )
@@ -111,9 +131,15 @@ def test_prometheus_down_never_lets_a_batch_pass(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     serve(prometheus, namespace, stable=0.01, canary=0.01)
-    apply_release(cluster, namespace, release_with(
-        prometheus, {"thresholdRange": {"max": 0.05}, "consecutiveErrorLimit": limit},
-        batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 4}]))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        release_with(
+            prometheus,
+            {"thresholdRange": {"max": 0.05}, "consecutiveErrorLimit": limit},
+            batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 4}],
+        ),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     prometheus.stop()
     try:

@@ -36,8 +36,13 @@ def deployment(name: str, image: str, replicas: int = 3) -> dict[str, Any]:
     }
 
 
-def pod(name: str, image: str, labels: dict[str, str] | None = None, restart: str = "Always",
-        extra_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def pod(
+    name: str,
+    image: str,
+    labels: dict[str, str] | None = None,
+    restart: str = "Always",
+    extra_containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -50,8 +55,14 @@ def pod(name: str, image: str, labels: dict[str, str] | None = None, restart: st
 
 
 def apply(cluster: Cluster, namespace: str, *objects: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                           "items": list(objects)}))
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+    )
 
 
 def condition(obj: dict[str, Any], kind: str) -> str | None:
@@ -74,13 +85,18 @@ def test_kwok_nodes_are_ready(cluster: Cluster) -> None:
         assert any(line.split()[:2] == [n["metadata"]["name"], "Ready"] for line in table.splitlines())
 
 
-def test_deployment_becomes_ready_serves_endpoints_and_is_garbage_collected(
-    cluster: Cluster, namespace: str
-) -> None:
-    apply(cluster, namespace, deployment("web", "registry.example/web:v1", replicas=3), {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-    })  # fmt: skip
+def test_deployment_becomes_ready_serves_endpoints_and_is_garbage_collected(cluster: Cluster, namespace: str) -> None:
+    apply(
+        cluster,
+        namespace,
+        deployment("web", "registry.example/web:v1", replicas=3),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
     cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s")
     dep = cluster.kubectl_json("get", "deployment", "web", "-n", namespace)
     assert dep["status"]["readyReplicas"] == 3
@@ -93,10 +109,16 @@ def test_deployment_becomes_ready_serves_endpoints_and_is_garbage_collected(
     assert len(pod_ips) == 3 and all(pod_ips)
 
     def slice_ips() -> set[str] | None:
-        slices = cluster.kubectl_json("get", "endpointslices", "-n", namespace,
-                                      "-l", "kubernetes.io/service-name=web")["items"]  # fmt: skip
-        ips = {addr for s in slices for ep in s.get("endpoints") or []
-               if ep.get("conditions", {}).get("ready") for addr in ep["addresses"]}  # fmt: skip
+        slices = cluster.kubectl_json("get", "endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name=web")[
+            "items"
+        ]
+        ips = {
+            addr
+            for s in slices
+            for ep in s.get("endpoints") or []
+            if ep.get("conditions", {}).get("ready")
+            for addr in ep["addresses"]
+        }
         return ips if ips == pod_ips else None
 
     wait_until(slice_ips, 30, "the pod IPs in the Service's EndpointSlices")
@@ -104,8 +126,9 @@ def test_deployment_becomes_ready_serves_endpoints_and_is_garbage_collected(
     cluster.kubectl("delete", "deployment", "web", "-n", namespace)
     wait_until(
         lambda: not cluster.kubectl_json("get", "replicasets,pods", "-n", namespace, "-l", "app=web")["items"],
-        30, "the garbage collector to remove the ReplicaSet and its pods",
-    )  # fmt: skip
+        30,
+        "the garbage collector to remove the ReplicaSet and its pods",
+    )
 
 
 def _assert_stays_running_unready(cluster: Cluster, namespace: str, name: str, seconds: float = 5.0) -> None:
@@ -146,8 +169,9 @@ def test_never_ready_image_tag_holds_a_deployment_unavailable(cluster: Cluster, 
     apply(cluster, namespace, deployment("canary", "registry.example/app:never-ready", replicas=2))
     wait_until(
         lambda: len(cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "app=canary")["items"]) == 2,
-        30, "two canary pods",
-    )  # fmt: skip
+        30,
+        "two canary pods",
+    )
     time.sleep(4)
     dep = cluster.kubectl_json("get", "deployment", "canary", "-n", namespace)
     assert dep["status"].get("readyReplicas", 0) == 0
@@ -166,10 +190,12 @@ def test_other_images_become_ready(cluster: Cluster, namespace: str, image: str)
 
 
 def test_failing_pod_fails(cluster: Cluster, namespace: str) -> None:
-    apply(cluster, namespace, pod("doomed", "registry.example/app:v1", {"e2e.greyrelease.io/fail": "true"},
-                                  restart="Never"))  # fmt: skip
-    cluster.kubectl("wait", "pod/doomed", "-n", namespace, "--for=jsonpath={.status.phase}=Failed",
-                    "--timeout=30s")  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        pod("doomed", "registry.example/app:v1", {"e2e.greyrelease.io/fail": "true"}, restart="Never"),
+    )
+    cluster.kubectl("wait", "pod/doomed", "-n", namespace, "--for=jsonpath={.status.phase}=Failed", "--timeout=30s")
     status = cluster.kubectl_json("get", "pod", "doomed", "-n", namespace)["status"]
     terminated = status["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 1 and terminated["reason"] == "Error"
@@ -180,8 +206,11 @@ def test_fail_image_tag_crash_loops_in_a_deployment(cluster: Cluster, namespace:
 
     def crashing() -> list[dict[str, Any]] | None:
         pods = cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "app=crashy")["items"]
-        waiting = [p for p in pods if p["status"].get("containerStatuses")
-                   and p["status"]["containerStatuses"][0]["state"].get("waiting")]  # fmt: skip
+        waiting = [
+            p
+            for p in pods
+            if p["status"].get("containerStatuses") and p["status"]["containerStatuses"][0]["state"].get("waiting")
+        ]
         return waiting if len(waiting) == 2 else None
 
     for p in wait_until(crashing, 30, "two crash-looping pods"):
@@ -236,8 +265,9 @@ spec:
 
 
 def widget(spec: dict[str, Any]) -> str:
-    return json.dumps({"apiVersion": "e2e.greyrelease.io/v1", "kind": "Widget",
-                       "metadata": {"name": "w1"}, "spec": spec})  # fmt: skip
+    return json.dumps(
+        {"apiVersion": "e2e.greyrelease.io/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": spec}
+    )
 
 
 def test_crd_validation_printer_columns_and_status_subresource(cluster: Cluster, namespace: str) -> None:
@@ -245,8 +275,11 @@ def test_crd_validation_printer_columns_and_status_subresource(cluster: Cluster,
     try:
         cluster.kubectl("wait", "crd/widgets.e2e.greyrelease.io", "--for=condition=Established", "--timeout=30s")
         # Discovery can lag the Established condition by a moment.
-        wait_until(lambda: cluster.kubectl("get", "widgets", "-n", namespace, check=False).returncode == 0,
-                   30, "the Widget resource to be served")  # fmt: skip
+        wait_until(
+            lambda: cluster.kubectl("get", "widgets", "-n", namespace, check=False).returncode == 0,
+            30,
+            "the Widget resource to be served",
+        )
 
         with pytest.raises(KubectlError) as refused:
             cluster.kubectl("apply", "-n", namespace, "-f", "-", input=widget({"size": 0}))
@@ -257,33 +290,55 @@ def test_crd_validation_printer_columns_and_status_subresource(cluster: Cluster,
         assert "spec.mode" in refused_cel.value.stderr and "mode must be fast or slow" in refused_cel.value.stderr
 
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=widget({"size": 3}))
-        cluster.kubectl("patch", "widget", "w1", "-n", namespace, "--subresource=status", "--type=merge",
-                        "-p", '{"status": {"phase": "Ready"}}')  # fmt: skip
+        cluster.kubectl(
+            "patch",
+            "widget",
+            "w1",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            '{"status": {"phase": "Ready"}}',
+        )
         table = cluster.kubectl("get", "wdg", "-n", namespace).stdout.splitlines()
         assert table[0].split() == ["NAME", "SIZE", "PHASE", "AGE"]
         assert table[1].split()[:3] == ["w1", "3", "Ready"]
 
         # Through the main resource, spec changes and a status change is ignored.
-        cluster.kubectl("patch", "widget", "w1", "-n", namespace, "--type=merge",
-                        "-p", '{"spec": {"size": 4}, "status": {"phase": "Tampered"}}')  # fmt: skip
+        cluster.kubectl(
+            "patch",
+            "widget",
+            "w1",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec": {"size": 4}, "status": {"phase": "Tampered"}}',
+        )
         obj = cluster.kubectl_json("get", "widget", "w1", "-n", namespace)
         assert obj["spec"]["size"] == 4
         assert obj["status"]["phase"] == "Ready"
         assert obj["metadata"]["generation"] == 2
     finally:
-        cluster.kubectl("delete", "crd", "widgets.e2e.greyrelease.io", "--ignore-not-found", "--wait=false",
-                        check=False)  # fmt: skip
+        cluster.kubectl(
+            "delete", "crd", "widgets.e2e.greyrelease.io", "--ignore-not-found", "--wait=false", check=False
+        )
 
 
 def test_service_account_token_is_authenticated_and_authorized_by_rbac(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     cluster.kubectl("create", "serviceaccount", "reader", "-n", namespace)
-    cluster.kubectl("create", "rolebinding", "reader", "-n", namespace, "--clusterrole=view",
-                    f"--serviceaccount={namespace}:reader")  # fmt: skip
+    cluster.kubectl(
+        "create", "rolebinding", "reader", "-n", namespace, "--clusterrole=view", f"--serviceaccount={namespace}:reader"
+    )
     # The root CA publisher runs: pods could verify the API server.
-    wait_until(lambda: cluster.kubectl("get", "configmap", "kube-root-ca.crt", "-n", namespace,
-                                       check=False).returncode == 0, 30, "kube-root-ca.crt")  # fmt: skip
+    wait_until(
+        lambda: cluster.kubectl("get", "configmap", "kube-root-ca.crt", "-n", namespace, check=False).returncode == 0,
+        30,
+        "kube-root-ca.crt",
+    )
     sa = Cluster(kubeconfig=cluster.service_account_kubeconfig(namespace, "reader", tmp_path / "sa.kubeconfig"))
     whoami = sa.kubectl_json("auth", "whoami")
     assert whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:reader"
@@ -309,20 +364,26 @@ def test_prometheus_returns_the_rates_set_on_the_exporter(prometheus: Prometheus
     prometheus.set_rates("demo", app, "canary", rps=5, error_ratio=0.2, latency_seconds=0.3)
     prometheus.set_rates("demo", app, "stable", rps=20, error_ratio=0.0, latency_seconds=0.05)
     try:
-        rate = prometheus.wait_for_query(f'sum(rate(http_requests_total{{app="{app}",track="canary"}}[5s]))',
-                                         5.0, rel_tolerance=0.15)  # fmt: skip
+        rate = prometheus.wait_for_query(
+            f'sum(rate(http_requests_total{{app="{app}",track="canary"}}[5s]))', 5.0, rel_tolerance=0.15
+        )
         assert rate is not None and 4.25 <= rate <= 5.75
-        prometheus.wait_for_query(f'sum(rate(http_requests_total{{app="{app}",track="stable"}}[5s]))',
-                                  20.0, rel_tolerance=0.15)  # fmt: skip
+        prometheus.wait_for_query(
+            f'sum(rate(http_requests_total{{app="{app}",track="stable"}}[5s]))', 20.0, rel_tolerance=0.15
+        )
         prometheus.wait_for_query(
             f'sum(rate(http_request_errors_total{{app="{app}",track="canary"}}[10s]))'
-            f' / sum(rate(http_requests_total{{app="{app}",track="canary"}}[10s]))', 0.2, rel_tolerance=0.2)
+            f' / sum(rate(http_requests_total{{app="{app}",track="canary"}}[10s]))',
+            0.2,
+            rel_tolerance=0.2,
+        )
         p99 = prometheus.wait_for_query(
-            f'histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket'
-            f'{{app="{app}",track="canary"}}[5s])))', lambda v: v is not None and 0.25 < v <= 0.3)
+            f"histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket"
+            f'{{app="{app}",track="canary"}}[5s])))',
+            lambda v: v is not None and 0.25 < v <= 0.3,
+        )
         assert p99 is not None
-        assert prometheus.query(
-            f'sum(rate(http_request_errors_total{{app="{app}",track="stable"}}[5s]))') == 0
+        assert prometheus.query(f'sum(rate(http_request_errors_total{{app="{app}",track="stable"}}[5s]))') == 0
 
         # rps 0: the series stays, its rate drops to 0.
         prometheus.set_rates("demo", app, "canary", rps=0)
@@ -344,9 +405,7 @@ def test_prometheus_outage_and_extra_scrape_target(prometheus: PrometheusStack) 
             prometheus.query("up")
         prometheus.start()
         assert prometheus.running
-        prometheus.wait_for_query(
-            'sum(up{job="exporter"})', 1, timeout=20
-        )
+        prometheus.wait_for_query('sum(up{job="exporter"})', 1, timeout=20)
         with pytest.raises(PrometheusQueryError):
             prometheus.query("sum(rate(")
     finally:

@@ -23,8 +23,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="image/build.sh needs 
 def test_image_builds_and_runs_as_non_root_on_a_read_only_root() -> None:
     done = subprocess.run(
         ["make", "--no-print-directory", "image-local", "IMAGE=greyrelease:e2e"],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     ok = re.search(r"ok: uid (\d+), read-only root, 'greyrelease crd' matches the CRDs", output)

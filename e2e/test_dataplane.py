@@ -105,19 +105,21 @@ def until_every_pod_answers(cluster: Cluster, namespace: str, url: str, host: st
 
 def route(namespace: str, dataplane: DataPlane, host: str, backends: dict[str, int]) -> dict[str, Any]:
     return {
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
         "metadata": {"name": "web", "namespace": namespace},
-        "spec": {"parentRefs": [dataplane.parent_ref], "hostnames": [host],
-                 "rules": [{"backendRefs": [{"name": n, "port": 80, "weight": w} for n, w in backends.items()]}]},
-    }  # fmt: skip
+        "spec": {
+            "parentRefs": [dataplane.parent_ref],
+            "hostnames": [host],
+            "rules": [{"backendRefs": [{"name": n, "port": 80, "weight": w} for n, w in backends.items()]}],
+        },
+    }
 
 
 def route_accepted(cluster: Cluster, namespace: str) -> bool:
     obj = cluster.kubectl_json("get", "httproute", "web", "-n", namespace)
     parents = obj.get("status", {}).get("parents") or []
-    return any(
-        c["type"] == "Accepted" and c["status"] == "True" for p in parents for c in p.get("conditions") or []
-    )
+    return any(c["type"] == "Accepted" and c["status"] == "True" for p in parents for c in p.get("conditions") or [])
 
 
 def test_httproute_weights_split_real_requests(cluster: Cluster, namespace: str, dataplane: DataPlane) -> None:
@@ -138,8 +140,10 @@ def test_httproute_weights_split_real_requests(cluster: Cluster, namespace: str,
     images = Counter(a.image for a in answers)
     pods = Counter(a.body.get("pod") for a in answers)
     share = 100 * images["registry.example/app:v2"] / n
-    print(f"\n{n} requests in {elapsed:.1f}s ({n / elapsed:.0f}/s): canary share {share:.1f}% (weight 20), "
-          f"{len(failed)} failed, by pod {dict(pods)}")  # fmt: skip
+    print(
+        f"\n{n} requests in {elapsed:.1f}s ({n / elapsed:.0f}/s): canary share {share:.1f}% (weight 20), "
+        f"{len(failed)} failed, by pod {dict(pods)}"
+    )
     assert not failed, [(a.status, a.error) for a in failed[:5]]
     assert set(images) == {"registry.example/app:v1", "registry.example/app:v2"}, images
     assert abs(share - 20) <= 5, f"canary share {share:.1f}% for weight 20"
@@ -153,11 +157,32 @@ def test_an_ingress_of_class_traefik_is_served_at_the_same_url(
     apply(cluster, namespace, answering_app("shop", 3, "registry.example/shop:v7"))
     rollout(cluster, namespace, "shop")
     host = f"shop.{namespace}.example"
-    apply(cluster, namespace, {
-        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "shop"},
-        "spec": {"ingressClassName": "traefik", "rules": [{"host": host, "http": {"paths": [
-            {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "shop", "port": {"number": 80}}}}]}}]},
-    })  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": {"name": "shop"},
+            "spec": {
+                "ingressClassName": "traefik",
+                "rules": [
+                    {
+                        "host": host,
+                        "http": {
+                            "paths": [
+                                {
+                                    "path": "/",
+                                    "pathType": "Prefix",
+                                    "backend": {"service": {"name": "shop", "port": {"number": 80}}},
+                                }
+                            ]
+                        },
+                    }
+                ],
+            },
+        },
+    )
     until_answered(dataplane.gateway_url, host, "the Ingress in Traefik")
     until_every_pod_answers(cluster, namespace, dataplane.gateway_url, host, "app=shop")
     answers = many(dataplane.gateway_url, host, 300)
@@ -175,12 +200,22 @@ def test_a_deleted_pod_answers_through_its_grace_period_then_stops(
     cluster: Cluster, namespace: str, dataplane: DataPlane
 ) -> None:
     grace = 3
-    apply(cluster, namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "solo", "labels": {"app": "solo"}},
-        "spec": {"containers": [{"name": "app", "image": "registry.example/solo:v1",
-                                 "ports": [{"containerPort": 9000}]}],
-                 "readinessGates": [serving_gate()], "terminationGracePeriodSeconds": grace},
-    })  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "solo", "labels": {"app": "solo"}},
+            "spec": {
+                "containers": [
+                    {"name": "app", "image": "registry.example/solo:v1", "ports": [{"containerPort": 9000}]}
+                ],
+                "readinessGates": [serving_gate()],
+                "terminationGracePeriodSeconds": grace,
+            },
+        },
+    )
     cluster.kubectl("wait", "--for=condition=Ready", "pod/solo", "-n", namespace, "--timeout=60s")
     ip = cluster.kubectl("get", "pod", "solo", "-n", namespace, "-o", "jsonpath={.status.podIP}").stdout
     url = f"http://{ip}:9000"  # the pod itself, through the pod network (the proxy would drop it at once)
@@ -193,9 +228,11 @@ def test_a_deleted_pod_answers_through_its_grace_period_then_stops(
     assert during.status == 200 and during.body.get("pod") == "solo", (during.status, during.error)
     assert time.monotonic() - deleted < grace, "too slow to ask within the grace period"
     refused_at = wait_for(
-        lambda: (time.monotonic() if request(url, "solo", timeout=1).status == 0 else None), grace + 10,
-        "the deleted pod to stop answering", interval=0.1,
-    )  # fmt: skip
+        lambda: time.monotonic() if request(url, "solo", timeout=1).status == 0 else None,
+        grace + 10,
+        "the deleted pod to stop answering",
+        interval=0.1,
+    )
     stopped_after = refused_at - deleted
     print(f"\ndeleted pod answered until {stopped_after:.2f}s after the delete (grace period {grace}s)")
     assert grace - 0.5 <= stopped_after <= grace + 3, stopped_after
@@ -223,7 +260,5 @@ def test_traefik_per_service_counters_reach_prometheus(
         up = prometheus.query('sum(up{job="traefik"})')
         raise AssertionError(f"{exc}\nup{{job=traefik}} = {up}; Traefik's own series:\n" + "\n".join(series)) from None
     print(f"\n{promql} = {seen}")
-    buckets = prometheus.query(
-        f'sum(traefik_service_request_duration_seconds_bucket{{service="{service}",le="0.3"}})'
-    )
+    buckets = prometheus.query(f'sum(traefik_service_request_duration_seconds_bucket{{service="{service}",le="0.3"}})')
     assert buckets is not None and buckets >= 200

@@ -64,8 +64,9 @@ def test_a_release_waits_for_its_window_and_writes_nothing_until_it_opens(
     opening = soon.replace(second=0, microsecond=0) + timedelta(minutes=1 if soon.second or soon.microsecond else 0)
     closing = opening + timedelta(minutes=30)
     window = {"days": [DAYS[opening.weekday()]], "start": f"{opening:%H:%M}", "end": f"{closing:%H:%M}"}
-    apply_release(cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 4}],
-                                         windows=[window]))  # fmt: skip
+    apply_release(
+        cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 4}], windows=[window])
+    )
     waiting = wait_phase(cluster, namespace, "web", {"Waiting"}, timeout=30)
     assert waiting["message"] == f"waiting for release window (opens {rfc3339(opening)})", waiting["message"]
     rows = cluster.kubectl("get", "gr", "-n", namespace, "--no-headers").stdout.split()
@@ -133,14 +134,19 @@ def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace
     batches = [{"replicas": 1, "pause": "manual", "approval": approval}, {"replicas": 4}]
     apply_release(cluster, namespace, gr("web", "web", batches))
     waiting = wait_for(
-        lambda: (st := status(cluster, namespace, "web")).get("batchState") == "WaitingForApproval" and st, 60,
+        lambda: (st := status(cluster, namespace, "web")).get("batchState") == "WaitingForApproval" and st,
+        60,
         "the batch waiting for approval",
-    )  # fmt: skip
+    )
     expires = parse_time(waiting["approvalExpiresAt"])
     shown = subprocess.run(
         [sys.executable, "-m", "greyrelease.cli.plugin", "status", "web", "-n", namespace],
-        capture_output=True, text=True, env=cluster.env, timeout=30, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=30,
+        check=True,
+    ).stdout
     assert "Approval:    0h00m0" in shown and "left" in shown, shown
 
     aborted = wait_phase(cluster, namespace, "web", {"Aborted"}, timeout=60)
@@ -210,10 +216,14 @@ def test_five_releases_under_a_limit_of_two_progress_two_at_a_time_in_creation_o
         # The slots as the API server stored them, write after write (its audit log): never three holders,
         # and none overtakes a release created before it for the last free slot (two that find two slots
         # free may take them in either order).
-        writes = [w for w in audited_writes(cluster, namespace=namespace)
-                  if w.resource == "leases" and w.name.startswith("greyrelease-slots") and w.code < 300 and w.body]
-        timeline = [[h["name"] for h in json.loads(w.body["metadata"]["annotations"]["greyrelease.io/holders"])]
-                    for w in writes]  # fmt: skip
+        writes = [
+            w
+            for w in audited_writes(cluster, namespace=namespace)
+            if w.resource == "leases" and w.name.startswith("greyrelease-slots") and w.code < 300 and w.body
+        ]
+        timeline = [
+            [h["name"] for h in json.loads(w.body["metadata"]["annotations"]["greyrelease.io/holders"])] for w in writes
+        ]
         print(f"{len(writes)} writes of the slots Lease, holders: {timeline}")
         assert timeline and max(len(h) for h in timeline) <= 2, timeline
         took: list[str] = []
@@ -233,8 +243,9 @@ def test_a_release_after_an_aborted_one_waits_and_names_it_and_a_cycle_is_refuse
     deploy_app(cluster, namespace, name="api", replicas=2)
     deploy_app(cluster, namespace, name="web", replicas=2)
     apply_release(cluster, namespace, gr("api", "api", [{"replicas": 1, "pause": "manual"}, {"replicas": 2}]))
-    apply_release(cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 2}],
-                                         after=[{"name": "api"}]))  # fmt: skip
+    apply_release(
+        cluster, namespace, gr("web", "web", [{"replicas": 1, "pause": "1s"}, {"replicas": 2}], after=[{"name": "api"}])
+    )
     wait_for(lambda: status(cluster, namespace, "api").get("batchState") == "WaitingForApproval", 60, "api waits")
     wanted = "waiting for GreyRelease 'api' to succeed (now Progressing)"
     waiting = wait_for(lambda: (st := status(cluster, namespace, "web")).get("message") == wanted and st, 30, wanted)
@@ -243,9 +254,13 @@ def test_a_release_after_an_aborted_one_waits_and_names_it_and_a_cycle_is_refuse
     cluster.kubectl("annotate", "gr", "api", "-n", namespace, "greyrelease.io/abort=true")
     wait_phase(cluster, namespace, "api", {"Aborted"}, timeout=60)
     named = wait_for(
-        lambda: "ended Aborted" in (status(cluster, namespace, "web").get("message") or "")
-        and status(cluster, namespace, "web"), 30, "web naming the aborted predecessor",
-    )  # fmt: skip
+        lambda: (
+            "ended Aborted" in (status(cluster, namespace, "web").get("message") or "")
+            and status(cluster, namespace, "web")
+        ),
+        30,
+        "web naming the aborted predecessor",
+    )
     assert named["phase"] == "Waiting", named
     assert named["message"] == "waiting for GreyRelease 'api', which ended Aborted: retry or fix it first"
     time.sleep(2)  # it does not start meanwhile

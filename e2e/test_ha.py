@@ -43,11 +43,22 @@ def test_killing_the_leader_hands_over_and_the_release_completes_once(
             assert resp.status == 200 and b"standby" in resp.read()
         deploy_app(cluster, namespace, replicas=6)
         batches = [
-            {"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"},
-            {"replicas": 6, "pause": "3s"}, {"replicas": 6},
+            {"replicas": 2, "pause": "3s"},
+            {"replicas": 4, "pause": "3s"},
+            {"replicas": 6, "pause": "3s"},
+            {"replicas": 6},
         ]
-        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches,
-                                             trafficRouting={"service": {"name": "web"}}))  # fmt: skip
+        apply_release(
+            cluster,
+            namespace,
+            gr(
+                "web",
+                targetRef={"name": "web"},
+                targetVersion="v2",
+                batches=batches,
+                trafficRouting={"service": {"name": "web"}},
+            ),
+        )
         wait_for(lambda: status(cluster, namespace, "web").get("currentBatch") == 2, 60, "batch 2")
         assert "leading as" not in b.logs()  # exactly one acts at a time
         a.kill()
@@ -79,11 +90,14 @@ def test_controller_metrics_are_scraped_by_prometheus(
     try:
         prometheus.add_scrape_target(target, "greyrelease-controller", {"release_ns": namespace})
         deploy_app(cluster, namespace, replicas=2)
-        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                             batches=[{"replicas": 1}, {"replicas": 2}]))  # fmt: skip
+        apply_release(
+            cluster,
+            namespace,
+            gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=[{"replicas": 1}, {"replicas": 2}]),
+        )
         wait_phase(cluster, namespace, "web", {"Succeeded"}, timeout=60)
         sel = f'job="greyrelease-controller",release_ns="{namespace}"'
-        prometheus.wait_for_query(f"greyrelease_releases{{{sel},phase=\"Succeeded\"}}", 1, timeout=30)
+        prometheus.wait_for_query(f'greyrelease_releases{{{sel},phase="Succeeded"}}', 1, timeout=30)
         prometheus.wait_for_query(
             f"greyrelease_batch_transitions_total{{{sel}}}", lambda v: v is not None and v >= 2, timeout=30
         )

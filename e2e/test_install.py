@@ -63,11 +63,13 @@ def installed(cluster: Cluster) -> list[dict[str, Any]]:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
     cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
     wait_for(
-        lambda: cluster.kubectl(
-            "get", "serviceaccount", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, check=False
-        ).returncode == 0,
-        10, "the controller's ServiceAccount",
-    )  # fmt: skip
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, check=False).returncode
+            == 0
+        ),
+        10,
+        "the controller's ServiceAccount",
+    )
     return objects
 
 
@@ -84,10 +86,24 @@ class ControllerAsServiceAccount(Controller):
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "greyrelease", "run", "--namespace", self.namespace,
-             "--health-port", str(self.health_port), f"--leader-election-namespace={SYSTEM_NAMESPACE}", *self.args],
-            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "greyrelease",
+                "run",
+                "--namespace",
+                self.namespace,
+                "--health-port",
+                str(self.health_port),
+                f"--leader-election-namespace={SYSTEM_NAMESPACE}",
+                *self.args,
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def healthy(self) -> bool:
         return self.health() is not None
@@ -132,8 +148,13 @@ def sa_controller(
 def test_default_kustomization_passes_a_server_side_dry_run(cluster: Cluster, installed: list[dict[str, Any]]) -> None:
     proc = cluster.kubectl("apply", "-k", str(ROOT / "config" / "default"), "--dry-run=server")
     assert "deployment.apps/greyrelease-controller created (server dry run)" in proc.stdout, proc.stdout
-    for kind in ("namespace", "customresourcedefinition.apiextensions.k8s.io", "serviceaccount",
-                 "clusterrole.rbac.authorization.k8s.io", "clusterrolebinding.rbac.authorization.k8s.io"):  # fmt: skip
+    for kind in (
+        "namespace",
+        "customresourcedefinition.apiextensions.k8s.io",
+        "serviceaccount",
+        "clusterrole.rbac.authorization.k8s.io",
+        "clusterrolebinding.rbac.authorization.k8s.io",
+    ):
         assert f"{kind}/" in proc.stdout, proc.stdout
     # The pod meets the namespace's enforced "restricted" Pod Security level: no warning about it.
     assert "PodSecurity" not in proc.stderr, proc.stderr
@@ -143,8 +164,10 @@ def test_default_kustomization_passes_a_server_side_dry_run(cluster: Cluster, in
 def test_the_manager_deployment_is_locked_down() -> None:
     built = subprocess.run(
         [find_kubectl(), "kustomize", str(ROOT / "config" / "default")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     [dep] = [o for o in yaml.safe_load_all(built) if o and o["kind"] == "Deployment"]
     pod = dep["spec"]["template"]["spec"]
     [container] = pod["containers"]
@@ -160,7 +183,9 @@ def test_the_manager_deployment_is_locked_down() -> None:
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     assert container["args"] == [
-        "--health-port=8080", "--metrics-port=8090", "--leader-election-namespace=$(POD_NAMESPACE)"
+        "--health-port=8080",
+        "--metrics-port=8090",
+        "--leader-election-namespace=$(POD_NAMESPACE)",
     ]
     assert {"name": "metrics", "containerPort": 8090, "protocol": "TCP"} in container["ports"]
     assert container["env"] == [
@@ -226,8 +251,11 @@ def test_release_and_abort_with_only_the_shipped_rbac(
 
     # A whole release, to the end.
     batches = [{"replicas": 2, "pause": "1s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     st = sa_controller.wait_phase("web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
     assert st["phase"] == "Succeeded", (st, sa_controller.logs())
     dep = deployment(cluster, namespace, "web")
@@ -236,11 +264,19 @@ def test_release_and_abort_with_only_the_shipped_rbac(
 
     # The next version, aborted while it waits for approval: everything back to v2.
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v3",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt")
-             and status(cluster, namespace, "web").get("targetVersion") == "v3",
-             60, "batch 1 of v3 live")  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v3", batches=batches, trafficRouting=SERVICE),
+    )
+    wait_for(
+        lambda: (
+            status(cluster, namespace, "web").get("batchReadyAt")
+            and status(cluster, namespace, "web").get("targetVersion") == "v3"
+        ),
+        60,
+        "batch 1 of v3 live",
+    )
     cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true")
     st = sa_controller.wait_phase("web", {"Aborted"}, timeout=60)
     wait_for(lambda: deployment(cluster, namespace, "web-canary") is None, 30, "canary removed")
@@ -283,9 +319,17 @@ def test_a_sharded_replica_runs_a_release_with_only_the_shipped_rbac(
     try:
         wait_for(lambda: (ctl.health() or "").find("shards 0,1 of 2") >= 0, 60, "both shards held")
         deploy_app(cluster, namespace, replicas=4)
-        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                             batches=[{"replicas": 2, "pause": "1s"}, {"replicas": 4}],
-                                             trafficRouting=SERVICE))  # fmt: skip
+        apply_release(
+            cluster,
+            namespace,
+            gr(
+                "web",
+                targetRef={"name": "web"},
+                targetVersion="v2",
+                batches=[{"replicas": 2, "pause": "1s"}, {"replicas": 4}],
+                trafficRouting=SERVICE,
+            ),
+        )
         st = ctl.wait_phase("web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
         assert st["phase"] == "Succeeded", (st, ctl.logs())
         time.sleep(1)  # let the last lines reach the log

@@ -8,8 +8,12 @@ import yaml
 
 from e2e.harness.controlplane import KWOK_STAGES
 
-START_STAGES = {"pod-ready": "normal", "pod-never-ready": "never-ready",
-                "pod-fail-crashloop": "fail", "pod-fail-terminated": "fail"}  # fmt: skip
+START_STAGES = {
+    "pod-ready": "normal",
+    "pod-never-ready": "never-ready",
+    "pod-fail-crashloop": "fail",
+    "pod-fail-terminated": "fail",
+}
 
 
 def load_stages() -> dict[str, dict[str, Any]]:

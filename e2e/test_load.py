@@ -35,9 +35,11 @@ def test_keeps_200_requests_per_second_for_5s_and_records_each_answer(pods: Resp
     s = summarise(records, load.started, load.started + 5, asked_rate=200)  # type: ignore[operator]
     lags = [r.lag for r in records]
     lag_p50, lag_p99 = percentile(lags, 50), percentile(lags, 99)
-    print(f"asked 200/s for 5 s: sent {s.sent} ({s.rate:.1f}/s); send lag p50 {lag_p50 * 1000:.1f} ms, "
-          f"p99 {lag_p99 * 1000:.1f} ms, max {s.max_lag * 1000:.1f} ms; "
-          f"latency p50 {s.latency_p50 * 1000:.1f} ms, p99 {s.latency_p99 * 1000:.1f} ms")  # fmt: skip
+    print(
+        f"asked 200/s for 5 s: sent {s.sent} ({s.rate:.1f}/s); send lag p50 {lag_p50 * 1000:.1f} ms, "
+        f"p99 {lag_p99 * 1000:.1f} ms, max {s.max_lag * 1000:.1f} ms; "
+        f"latency p50 {s.latency_p50 * 1000:.1f} ms, p99 {s.latency_p99 * 1000:.1f} ms"
+    )
     assert s.rate_kept(0.03), s.rate
     # Most requests go out on time; the tail is the process waiting for a CPU on a shared machine, and the
     # overdue requests go out at once, so the rate holds.
@@ -153,9 +155,15 @@ def test_sends_the_host_header_and_path() -> None:
 
 
 def _record(sent: float, status: int | None, image: str | None, *, lag: float = 0.0) -> Record:
-    return Record(scheduled=sent - lag, sent=sent, latency=0.01 if status else None, status=status,
-                  error=None if status else "ClientConnectorError: refused", pod=image and f"pod-{image}",
-                  image=image)  # fmt: skip
+    return Record(
+        scheduled=sent - lag,
+        sent=sent,
+        latency=0.01 if status else None,
+        status=status,
+        error=None if status else "ClientConnectorError: refused",
+        pod=image and f"pod-{image}",
+        image=image,
+    )
 
 
 def test_summaries_of_known_records() -> None:
@@ -200,8 +208,10 @@ def test_bad_rate_is_refused() -> None:
 
 def test_per_second_lines_cover_the_run() -> None:
     """The per-second view (the demo's lines) adds up to the whole."""
-    records = [Record(scheduled=10 + i / 10, sent=10 + i / 10, latency=0.01, status=200, error=None, pod="p",
-                      image="app:v1") for i in range(35)]  # fmt: skip
+    records = [
+        Record(scheduled=10 + i / 10, sent=10 + i / 10, latency=0.01, status=200, error=None, pod="p", image="app:v1")
+        for i in range(35)
+    ]
     seconds = per_second(records, 10, 13.5, asked_rate=10)
     assert [x.sent for x in seconds] == [10, 10, 10, 5]
     assert sum(x.sent for x in seconds) == len(records)

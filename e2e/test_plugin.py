@@ -47,8 +47,11 @@ def gr_cmd(cluster: Cluster, *args: str, check: bool = True, timeout: float = 30
 def gr_watch(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [cluster.kubectl_path, "gr", "status", "-w", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=plugin_env(cluster),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=plugin_env(cluster),
+    )
 
 
 def field(text: str, name: str) -> str:
@@ -76,8 +79,10 @@ def test_every_subcommand_on_a_real_release(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     manual = [
-        {"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "manual"},
-        {"replicas": 3, "pause": "manual"}, {"replicas": 4},
+        {"replicas": 1, "pause": "manual"},
+        {"replicas": 2, "pause": "manual"},
+        {"replicas": 3, "pause": "manual"},
+        {"replicas": 4},
     ]
     body = gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=manual, trafficRouting=SERVICE)
     release_file = tmp_path / "release.yaml"
@@ -88,7 +93,10 @@ def test_every_subcommand_on_a_real_release(
     assert offline[0] == "GreyRelease web: v2 over 8 replicas, traffic by service"
     # The last batch is all of the replicas and all of the traffic.
     assert [row.split()[:4] for row in offline[2:6]] == [
-        ["1", "1", "7", "12%"], ["2", "2", "6", "25%"], ["3", "3", "5", "38%"], ["4", "8", "0", "100%"]
+        ["1", "1", "7", "12%"],
+        ["2", "2", "6", "25%"],
+        ["3", "3", "5", "38%"],
+        ["4", "8", "0", "100%"],
     ]
     live = gr_cmd(cluster, "plan", "-f", str(release_file), "-n", namespace).stdout
     assert live.splitlines()[0] == "GreyRelease web: v2 over 4 replicas, traffic by service", live
@@ -146,9 +154,14 @@ def test_every_subcommand_on_a_real_release(
 
     # abort a new version, then retry it.
     apply_release(cluster, namespace, {**body, "spec": {**body["spec"], "targetVersion": "v3"}})
-    wait_for(lambda: status(cluster, namespace, "web").get("targetVersion") == "v3"
-             and "waiting for approval" in status(cluster, namespace, "web").get("message", ""),
-             60, "v3 at batch 1")  # fmt: skip
+    wait_for(
+        lambda: (
+            status(cluster, namespace, "web").get("targetVersion") == "v3"
+            and "waiting for approval" in status(cluster, namespace, "web").get("message", "")
+        ),
+        60,
+        "v3 at batch 1",
+    )
     aborted = gr_cmd(cluster, "abort", "web", "-n", namespace).stdout
     assert aborted.strip() == "greyrelease.greyrelease.io/web annotated (greyrelease.io/abort=true)"
     wait_phase(cluster, namespace, "web", {"Aborted"}, timeout=60)
@@ -156,9 +169,14 @@ def test_every_subcommand_on_a_real_release(
     assert field(out, "Phase").startswith("Aborted") and field(out, "Weight") == "0% to the canary"
     assert "Aborted" in out.split("Events:")[1]
     gr_cmd(cluster, "retry", "web", "-n", namespace)
-    wait_for(lambda: status(cluster, namespace, "web").get("phase") == "Progressing"
-             and "waiting for approval" in status(cluster, namespace, "web").get("message", ""),
-             60, "v3 retried")  # fmt: skip
+    wait_for(
+        lambda: (
+            status(cluster, namespace, "web").get("phase") == "Progressing"
+            and "waiting for approval" in status(cluster, namespace, "web").get("message", "")
+        ),
+        60,
+        "v3 retried",
+    )
     left = annotations(cluster, namespace)
     assert "greyrelease.io/abort" not in left and "greyrelease.io/retry" not in left  # consumed by the retry
     assert "Retried" in gr_cmd(cluster, "status", "web", "-n", namespace).stdout

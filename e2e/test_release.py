@@ -32,8 +32,10 @@ def watch_rows(cluster: Cluster, namespace: str, stop: threading.Event, rows: li
     def run() -> None:
         proc = subprocess.Popen(
             [cluster.kubectl_path, "get", "gr", "-n", namespace, "-w", "--no-headers"],
-            stdout=subprocess.PIPE, text=True, env=cluster.env,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            text=True,
+            env=cluster.env,
+        )
         assert proc.stdout is not None
         threading.Thread(target=lambda: (stop.wait(), proc.terminate()), daemon=True).start()
         for line in proc.stdout:
@@ -61,11 +63,16 @@ def test_full_release_in_four_batches(cluster: Cluster, namespace: str, controll
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     batches = [
-        {"replicas": 2, "pause": "2s"}, {"replicas": 5, "pause": "2s"},
-        {"replicas": 8, "pause": "2s"}, {"replicas": 10},
+        {"replicas": 2, "pause": "2s"},
+        {"replicas": 5, "pause": "2s"},
+        {"replicas": 8, "pause": "2s"},
+        {"replicas": 10},
     ]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     st = wait_phase(cluster, namespace, "web", {"Succeeded", "Failed", "Aborted", "InvalidSpec"}, timeout=90)
     time.sleep(0.5)
     stop.set()
@@ -96,8 +103,11 @@ def test_full_release_in_four_batches(cluster: Cluster, namespace: str, controll
 def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: str, controller: Controller) -> None:
     deploy_app(cluster, namespace, replicas=6)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 6}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     wait_for(
         lambda: len([p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p]) == 2,
@@ -122,8 +132,10 @@ def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: st
     assert dep is not None and dep["spec"]["replicas"] == 6
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/app:v1"
     wait_for(
-        lambda: dep is not None
-        and (deployment(cluster, namespace, "web") or {}).get("status", {}).get("readyReplicas") == 6,
+        lambda: (
+            dep is not None
+            and (deployment(cluster, namespace, "web") or {}).get("status", {}).get("readyReplicas") == 6
+        ),
         30,
         "stable at full size",
     )
@@ -140,8 +152,11 @@ def test_manual_pause_waits_for_promote_and_pause_holds(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 1, "pause": "manual"}, {"replicas": 2, "pause": "1s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: "waiting for approval" in status(cluster, namespace, "web").get("message", ""), 60, "manual pause")
     time.sleep(3)
     st = status(cluster, namespace, "web")
@@ -169,10 +184,18 @@ def test_canary_never_ready_fails_at_the_deadline_and_rolls_back(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     apply_release(
-        cluster, namespace,
-        gr("web", targetRef={"name": "web"}, targetVersion="never-ready", batchSize=2, canaryWeight=50,
-           progressDeadlineSeconds=6, trafficRouting=SERVICE),
-    )  # fmt: skip
+        cluster,
+        namespace,
+        gr(
+            "web",
+            targetRef={"name": "web"},
+            targetVersion="never-ready",
+            batchSize=2,
+            canaryWeight=50,
+            progressDeadlineSeconds=6,
+            trafficRouting=SERVICE,
+        ),
+    )
     wait_for(lambda: deployment(cluster, namespace, "web-canary"), 30, "canary created")
     st = wait_phase(cluster, namespace, "web", {"Failed"}, timeout=60)
     assert "progressDeadlineSeconds" in st["message"] and "0/2 canary pods ready" in st["message"]
@@ -191,10 +214,16 @@ def test_controller_killed_mid_batch_resumes_without_skipping_or_repeating(
 ) -> None:
     deploy_app(cluster, namespace, replicas=8)
     batches = [
-        {"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6, "pause": "3s"}, {"replicas": 8},
+        {"replicas": 2, "pause": "3s"},
+        {"replicas": 4, "pause": "3s"},
+        {"replicas": 6, "pause": "3s"},
+        {"replicas": 8},
     ]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("currentBatch") == 2, 60, "batch 2")
     controller.kill()
     before = status(cluster, namespace, "web")
@@ -231,8 +260,11 @@ def test_deleting_a_release_mid_batch_restores_the_app(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     assert (deployment(cluster, namespace, "web") or {})["spec"]["replicas"] == 2
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--timeout=60s")

@@ -118,15 +118,34 @@ def idle_window(
             c.start()
             controllers.append(c)
             deploy_apps(cluster, ns, {"done": 2, "held": 2})
-            apply_release(cluster, ns, gr("done", targetRef={"name": "done"}, targetVersion="v2",
-                                          batches=[{"replicas": 1}, {"replicas": 2}],
-                                          trafficRouting={"service": {"name": "done"}}))  # fmt: skip
-            apply_release(cluster, ns, gr("held", targetRef={"name": "held"}, targetVersion="v2",
-                                          batches=[{"replicas": 1, "pause": "manual"}, {"replicas": 2}],
-                                          trafficRouting={"service": {"name": "held"}}))  # fmt: skip
+            apply_release(
+                cluster,
+                ns,
+                gr(
+                    "done",
+                    targetRef={"name": "done"},
+                    targetVersion="v2",
+                    batches=[{"replicas": 1}, {"replicas": 2}],
+                    trafficRouting={"service": {"name": "done"}},
+                ),
+            )
+            apply_release(
+                cluster,
+                ns,
+                gr(
+                    "held",
+                    targetRef={"name": "held"},
+                    targetVersion="v2",
+                    batches=[{"replicas": 1, "pause": "manual"}, {"replicas": 2}],
+                    trafficRouting={"service": {"name": "held"}},
+                ),
+            )
             # A manual pause holds batch 1 until the pause annotation lands (a timed one could end first).
-            wait_for(lambda ns=ns: status(cluster, ns, "held").get("batchState") == "WaitingForApproval", 60,
-                     "held: batch 1 live, waiting for approval")  # fmt: skip
+            wait_for(
+                lambda ns=ns: status(cluster, ns, "held").get("batchState") == "WaitingForApproval",
+                60,
+                "held: batch 1 live, waiting for approval",
+            )
             cluster.kubectl("annotate", "gr", "held", "-n", ns, "greyrelease.io/pause=true")
         for ns in namespaces.values():
             assert wait_phase(cluster, ns, "done", TERMINAL, timeout=60)["phase"] == "Succeeded"
@@ -202,9 +221,17 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
             )
             while pending and len(running) < IN_FLIGHT:
                 p = pending.pop(0)
-                apply_release(cluster, namespace, gr(p.name, targetRef={"name": p.name}, targetVersion="v2",
-                                                     batches=p.batches,
-                                                     trafficRouting={"service": {"name": p.name}}))  # fmt: skip
+                apply_release(
+                    cluster,
+                    namespace,
+                    gr(
+                        p.name,
+                        targetRef={"name": p.name},
+                        targetVersion="v2",
+                        batches=p.batches,
+                        trafficRouting={"service": {"name": p.name}},
+                    ),
+                )
                 running[p.name] = (p, time.monotonic())
             items = cluster.kubectl_json("get", "gr", "-n", namespace)["items"]
             phases = {i["metadata"]["name"]: (i.get("status") or {}).get("phase", "") for i in items}
@@ -248,8 +275,10 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
             dep = deployment(cluster, namespace, p.name) or {}
             want_image = V2 if p.expected == "Succeeded" else V1
             if dep.get("spec", {}).get("replicas") != p.replicas or image_of(dep) != want_image:
-                problems.append(f"{p.name}: stable at {dep.get('spec', {}).get('replicas')} x {image_of(dep)}, "
-                                f"expected {p.replicas} x {want_image}")  # fmt: skip
+                problems.append(
+                    f"{p.name}: stable at {dep.get('spec', {}).get('replicas')} x {image_of(dep)}, "
+                    f"expected {p.replicas} x {want_image}"
+                )
             if deployment(cluster, namespace, f"{p.name}-canary") is not None:
                 problems.append(f"{p.name}: canary Deployment left")
 
@@ -271,8 +300,13 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
             # Say which, and what else was wrong, so a run that fails here can be told apart from a slow cluster.
             raise AssertionError(f"{err}: {unready()}\n" + "\n".join(problems) + f"\n(seed {seed})") from None
         left = wait_no_leftovers(cluster, namespace)
-        FIGURES.update(crash_releases=len(plans), crash_kills=chaos.kills, crash_seed=seed,
-                       crash_aborted=sum(p.abort_after is not None for p in plans), crash_leaks=len(left))  # fmt: skip
+        FIGURES.update(
+            crash_releases=len(plans),
+            crash_kills=chaos.kills,
+            crash_seed=seed,
+            crash_aborted=sum(p.abort_after is not None for p in plans),
+            crash_leaks=len(left),
+        )
         print(f"{len(plans)} releases ({FIGURES['crash_aborted']} aborted), {chaos.kills} kills, {len(left)} leftovers")
         assert not problems, "\n".join(problems) + f"\n(seed {seed})\n{controller.logs()}"
         assert not left, left
@@ -285,8 +319,9 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
 # --- API server restart ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("down", "args"), [(1.0, []), (20.0, ["--no-leader-elect"])],
-                         ids=["short-outage-leader-elect", "long-outage"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("down", "args"), [(1.0, []), (20.0, ["--no-leader-elect"])], ids=["short-outage-leader-elect", "long-outage"]
+)
 def test_api_server_restart_mid_release(
     cluster: Cluster, crd: Path, namespace: str, tmp_path: Path, down: float, args: list[str]
 ) -> None:
@@ -298,11 +333,16 @@ def test_api_server_restart_mid_release(
     try:
         deploy_app(cluster, namespace, replicas=4)
         batches = [
-            {"replicas": 1, "pause": "2s"}, {"replicas": 2, "pause": "2s"},
-            {"replicas": 3, "pause": "2s"}, {"replicas": 4},
+            {"replicas": 1, "pause": "2s"},
+            {"replicas": 2, "pause": "2s"},
+            {"replicas": 3, "pause": "2s"},
+            {"replicas": 4},
         ]
-        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                             batches=batches, trafficRouting=SERVICE))  # fmt: skip
+        apply_release(
+            cluster,
+            namespace,
+            gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+        )
         wait_for(
             lambda: (s := status(cluster, namespace, "web")).get("currentBatch") == 2 and s.get("batchReadyAt"),
             60,
@@ -321,8 +361,10 @@ def test_api_server_restart_mid_release(
 
         after = wait_for(changed, 60, "the next status change", 0.1)
         latency = time.monotonic() - ready_at
-        print(f"API server down {outage:.1f}s; next status change {latency:.2f}s after it was ready again "
-              f"({before.get('message')!r} -> {after.get('message')!r})")  # fmt: skip
+        print(
+            f"API server down {outage:.1f}s; next status change {latency:.2f}s after it was ready again "
+            f"({before.get('message')!r} -> {after.get('message')!r})"
+        )
         FIGURES[f"apiserver_outage_{outage:.0f}s_resumed_after_s"] = round(latency, 2)
         assert latency <= 15, f"the release moved on {latency:.1f}s after the API server was back"
         assert controller.proc is not None and controller.proc.poll() is None, "the controller exited"
@@ -348,8 +390,11 @@ def test_user_scaling_the_stable_mid_release_is_reverted_once_per_transition(
     deploy_app(cluster, namespace, replicas=6)
     started = now()
     batches = [{"replicas": 2, "pause": "5s"}, {"replicas": 4, "pause": "3s"}, {"replicas": 6}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     st = status(cluster, namespace, "web")
     assert st["restore"]["replicas"] == 6 and (deployment(cluster, namespace, "web") or {})["spec"]["replicas"] == 4
@@ -363,14 +408,19 @@ def test_user_scaling_the_stable_mid_release_is_reverted_once_per_transition(
     dep = deployment(cluster, namespace, "web") or {}
     assert dep["spec"]["replicas"] == 6 and image_of(dep) == V2  # the size recorded when the release began
 
-    writes = [w for w in audited_writes(local, namespace=namespace, since=started)
-              if w.resource == "deployments" and w.name == "web"]  # fmt: skip
+    writes = [
+        w
+        for w in audited_writes(local, namespace=namespace, since=started)
+        if w.resource == "deployments" and w.name == "web"
+    ]
     assert all(w.agent.startswith("greyrelease") for w in writes), [str(w) for w in writes]
     during_hold = [w for w in writes if w.at < edited + timedelta(seconds=2)]
     sizes = [(w.at, ((w.body or {}).get("spec") or {}).get("replicas")) for w in writes]
     after_edit = [n for at, n in sizes if at > edited and n is not None]
-    print("controller writes to the stable's spec.replicas: before the edit "
-          f"{[n for at, n in sizes if at <= edited]}, after {after_edit}")  # fmt: skip
+    print(
+        "controller writes to the stable's spec.replicas: before the edit "
+        f"{[n for at, n in sizes if at <= edited]}, after {after_edit}"
+    )
     # After the edit: batch 2 puts the stable back to batch 1's size until its canary is ready (the one
     # revert), then batch 2's size, batch 3's, and the recorded size at promotion. Nothing else, no flapping.
     assert not [w for w in during_hold if w.at > edited], [str(w) for w in during_hold]
@@ -384,20 +434,39 @@ def test_user_scaling_the_stable_mid_release_is_reverted_once_per_transition(
 # --- Prometheus slower than its timeout ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("delay", "timeout", "expected"), [(3.0, "1s", "Failed"), (0.3, "2s", "Succeeded")],
-                         ids=["slower-than-timeout-fails", "slow-within-timeout-passes"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("delay", "timeout", "expected"),
+    [(3.0, "1s", "Failed"), (0.3, "2s", "Succeeded")],
+    ids=["slower-than-timeout-fails", "slow-within-timeout-passes"],
+)
 def test_slow_prometheus_never_passes_a_batch(
     cluster: Cluster, namespace: str, ctl: Controller, delay: float, timeout: str, expected: str
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     with SlowPrometheus(delay) as prom:
-        apply_release(cluster, namespace, gr(
-            "web", targetRef={"name": "web"}, targetVersion="v2",
-            batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 4}], trafficRouting=SERVICE,
-            analysis={"prometheus": {"address": prom.url, "timeout": timeout}, "interval": "1s",
-                      "metrics": [{"name": "error-rate", "query": "sum(rate(errors[1m]))",
-                                   "thresholdRange": {"max": 0.05}, "consecutiveErrorLimit": 2}]},
-        ))  # fmt: skip
+        apply_release(
+            cluster,
+            namespace,
+            gr(
+                "web",
+                targetRef={"name": "web"},
+                targetVersion="v2",
+                batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 4}],
+                trafficRouting=SERVICE,
+                analysis={
+                    "prometheus": {"address": prom.url, "timeout": timeout},
+                    "interval": "1s",
+                    "metrics": [
+                        {
+                            "name": "error-rate",
+                            "query": "sum(rate(errors[1m]))",
+                            "thresholdRange": {"max": 0.05},
+                            "consecutiveErrorLimit": 2,
+                        }
+                    ],
+                },
+            ),
+        )
         st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=90)
         asked = prom.requests
     print(
@@ -421,8 +490,11 @@ def test_release_deleted_while_the_controller_is_down_is_cleaned_up_on_restart(
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
     batches = [{"replicas": 2, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     ctl.kill()
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--wait=false")
@@ -442,8 +514,11 @@ def test_target_deleted_mid_release_fails_and_leaves_nothing(cluster: Cluster, n
     deploy_app(cluster, namespace, replicas=4)
     # Noticed at once, even while the batch holds on a long pause: a Deployment deleted wakes its release.
     batches = [{"replicas": 2, "pause": "60s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     cluster.kubectl("delete", "deployment", "web", "-n", namespace)
     st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=30)
@@ -466,8 +541,11 @@ def test_canary_deleted_mid_release_is_recreated_and_the_release_completes(
     deploy_app(cluster, namespace, replicas=4)
     pause = 4  # the deletion is noticed at once, not when this pause ends
     batches = [{"replicas": 2, "pause": f"{pause}s"}, {"replicas": 4, "pause": "1s"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=SERVICE))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
+    )
     wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
     old = (deployment(cluster, namespace, "web-canary") or {})["metadata"]["uid"]
     t0 = time.monotonic()

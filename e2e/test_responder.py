@@ -130,8 +130,10 @@ def test_each_pod_answers_as_itself_on_any_method_and_path(responder: ResponderP
     port = free_port("127.0.0.2")
     responder.serve("u1", "127.0.0.2", port, image="registry.example/app:v1", pod="web-a")
     responder.serve("u2", "127.0.0.3", port, image="registry.example/app:v2", pod="web-b")
-    for ip, pod, image, uid in [("127.0.0.2", "web-a", "registry.example/app:v1", "u1"),
-                                ("127.0.0.3", "web-b", "registry.example/app:v2", "u2")]:  # fmt: skip
+    for ip, pod, image, uid in [
+        ("127.0.0.2", "web-a", "registry.example/app:v1", "u1"),
+        ("127.0.0.3", "web-b", "registry.example/app:v2", "u2"),
+    ]:
         conn = http.client.HTTPConnection(ip, port, timeout=5)
         for method, path in [("GET", "/"), ("POST", "/orders/7?x=1"), ("GET", "/health")]:
             status, body, _ = get(conn, method, path)
@@ -248,8 +250,11 @@ def test_garbage_requests_and_bad_commands_get_errors_and_the_server_goes_on(res
     responder.send_raw("this is not json")
     assert responder.event()["event"] == "error"
     responder.send(op="serve", uid="q", ip="127.0.0.2", port=port + 0, pod="x", namespace="ns")
-    assert responder.event() == {"event": "error", "uid": "q",
-                                 "message": "serve: field 'image' must be a non-empty string, got None"}  # fmt: skip
+    assert responder.event() == {
+        "event": "error",
+        "uid": "q",
+        "message": "serve: field 'image' must be a non-empty string, got None",
+    }
     responder.send(op="serve", uid="q", ip="127.0.0.3", port="80", pod="x", namespace="ns", image="a:v1")
     assert "field 'port'" in responder.event()["message"]
     responder.send(op="stop", uid="q", after=-1)
@@ -261,8 +266,9 @@ def test_garbage_requests_and_bad_commands_get_errors_and_the_server_goes_on(res
     with socket.socket() as taken:  # an address another process holds
         taken.bind(("127.0.0.4", 0))
         taken.listen()
-        responder.send(op="serve", uid="q", ip="127.0.0.4", port=taken.getsockname()[1], pod="x", namespace="ns",
-                       image="a:v1")  # fmt: skip
+        responder.send(
+            op="serve", uid="q", ip="127.0.0.4", port=taken.getsockname()[1], pod="x", namespace="ns", image="a:v1"
+        )
         event = responder.event()
         assert event["event"] == "error" and event["uid"] == "q" and "OSError" in event["message"]
     assert get(http.client.HTTPConnection("127.0.0.2", port, timeout=5))[1]["uid"] == "p"  # still serving

@@ -166,8 +166,11 @@ def test_full_release_sets_the_planned_weight_at_every_batch_and_leaves_routing_
     applied = setup_app(cluster, namespace, routing)
     planned = [20, 50, 80, 100]
     batches = [{"replicas": r, "weight": w, "pause": "manual"} for r, w in zip((1, 2, 3, 4), planned, strict=True)]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=routing))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=routing),
+    )
     for k, weight in enumerate(planned, start=1):
         wait_for(live_batch(cluster, namespace, k), 60, f"batch {k} live")
         assert read_weight(cluster, namespace, routing) == weight, controller.logs()
@@ -191,8 +194,11 @@ def test_abort_mid_batch_sends_the_weight_to_zero_within_a_second(
 ) -> None:
     applied = setup_app(cluster, namespace, routing)
     batches = [{"replicas": 2, "weight": 30, "pause": "manual"}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=routing))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=routing),
+    )
     wait_for(live_batch(cluster, namespace, 1), 60, "batch 1 live")
     assert read_weight(cluster, namespace, routing) == 30
 
@@ -217,8 +223,11 @@ def test_deleting_the_release_mid_batch_removes_the_canary_routing(
 ) -> None:
     applied = setup_app(cluster, namespace, routing)
     batches = [{"replicas": 2, "weight": 40, "pause": "manual", "headerMatch": {"x-canary": "always"}}, {"replicas": 4}]
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batches=batches, trafficRouting=routing))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=routing),
+    )
     wait_for(live_batch(cluster, namespace, 1), 60, "batch 1 live")
     assert read_weight(cluster, namespace, routing) == 40
     assert header_routed(cluster, namespace, routing) == {"x-canary": "always"}
@@ -236,8 +245,11 @@ def test_an_ingress_with_the_canary_name_that_is_not_ours_is_refused_and_untouch
     theirs["metadata"]["name"] = "web-canary"
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(theirs))
     before = get(cluster, namespace, "ingress", "web-canary")
-    apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2",
-                                         batchSize=2, canaryWeight=50, trafficRouting=NGINX))  # fmt: skip
+    apply_release(
+        cluster,
+        namespace,
+        gr("web", targetRef={"name": "web"}, targetVersion="v2", batchSize=2, canaryWeight=50, trafficRouting=NGINX),
+    )
     st = wait_phase(cluster, namespace, "web", {"InvalidSpec", "Progressing"}, timeout=30)
     assert st["phase"] == "InvalidSpec", st
     assert "Ingress 'web-canary'" in st["message"] and "not owned by this release" in st["message"], st["message"]

@@ -75,8 +75,12 @@ def holding(replica: Controller) -> set[int]:
 
 def start_replicas(cluster: Cluster, namespaces: list[str], system: str, logs: Path) -> list[Controller]:
     replicas = [
-        Controller(cluster, namespaces, logs / f"replica-{i}.log",
-                   extra_args=["--shards", str(SHARDS), "--leader-election-namespace", system])
+        Controller(
+            cluster,
+            namespaces,
+            logs / f"replica-{i}.log",
+            extra_args=["--shards", str(SHARDS), "--leader-election-namespace", system],
+        )
         for i in range(SHARDS)
     ]
     for r in replicas:
@@ -91,8 +95,17 @@ def start_releases(cluster: Cluster, namespaces: list[str]) -> list[tuple[str, s
     for ns in namespaces:
         deploy_apps(cluster, ns, {name: 3 for n, name in releases if n == ns})
     for ns, name in releases:
-        apply_release(cluster, ns, gr(name, targetRef={"name": name}, targetVersion="v2", batches=BATCHES,
-                                      trafficRouting={"service": {"name": name}}))  # fmt: skip
+        apply_release(
+            cluster,
+            ns,
+            gr(
+                name,
+                targetRef={"name": name},
+                targetVersion="v2",
+                batches=BATCHES,
+                trafficRouting={"service": {"name": name}},
+            ),
+        )
     return releases
 
 

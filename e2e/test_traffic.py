@@ -55,23 +55,50 @@ SERVICE = {"service": {"name": "web"}}
 
 def deploy(cluster: Cluster, dataplane: DataPlane, namespace: str, routing: dict[str, Any], replicas: int) -> str:
     """The app behind an HTTPRoute (Gateway API mode) or an Ingress of class traefik; returns the Host."""
-    cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                    input=json.dumps(answering_app("web", replicas, V1, grace_seconds=GRACE_SECONDS)))  # fmt: skip
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps(answering_app("web", replicas, V1, grace_seconds=GRACE_SECONDS)),
+    )
     cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s")
     host = f"web.{namespace}.example"
     if "gatewayAPI" in routing:
         front: dict[str, Any] = {
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "web"},
-            "spec": {"parentRefs": [dataplane.parent_ref], "hostnames": [host],
-                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
-        }  # fmt: skip
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "web"},
+            "spec": {
+                "parentRefs": [dataplane.parent_ref],
+                "hostnames": [host],
+                "rules": [{"backendRefs": [{"name": "web", "port": 80}]}],
+            },
+        }
     else:
         front = {
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
-            "spec": {"ingressClassName": "traefik", "rules": [{"host": host, "http": {"paths": [
-                {"path": "/", "pathType": "Prefix",
-                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]},
-        }  # fmt: skip
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": {"name": "web"},
+            "spec": {
+                "ingressClassName": "traefik",
+                "rules": [
+                    {
+                        "host": host,
+                        "http": {
+                            "paths": [
+                                {
+                                    "path": "/",
+                                    "pathType": "Prefix",
+                                    "backend": {"service": {"name": "web", "port": {"number": 80}}},
+                                }
+                            ]
+                        },
+                    }
+                ],
+            },
+        }
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(front))
     with Load(dataplane.gateway_url, 20, host=host) as probe:
         wait_for(lambda: any(r.status == 200 for r in probe.records), 30, f"{host} answered through Traefik")
@@ -93,8 +120,10 @@ def route_weight(cluster: Cluster, namespace: str) -> int | None:
 
 def ready_endpoints(cluster: Cluster, namespace: str) -> dict[str, int]:
     """Ready endpoints of Service web by track (canary pods carry greyrelease.io/track=canary)."""
-    pods = {p["metadata"]["name"]: p["metadata"].get("labels", {}).get("greyrelease.io/track", "stable")
-            for p in cluster.kubectl_json("get", "pods", "-n", namespace)["items"]}  # fmt: skip
+    pods = {
+        p["metadata"]["name"]: p["metadata"].get("labels", {}).get("greyrelease.io/track", "stable")
+        for p in cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+    }
     slices = cluster.kubectl_json("get", "endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name=web")
     counts = {"stable": 0, "canary": 0}
     for s in slices["items"]:
@@ -138,8 +167,11 @@ def test_the_canary_share_of_answered_requests_follows_each_batch(
         batches = [{"replicas": r, "pause": "manual"} for r, _ in plan]
     rows: list[tuple[int, float, float, int, int]] = []  # expected %, measured %, rate, answered, failed
     with Load(dataplane.gateway_url, RATE, host=host) as load:
-        apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches,
-                                             trafficRouting=routing))  # fmt: skip
+        apply_release(
+            cluster,
+            namespace,
+            gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=routing),
+        )
         for k, (_, weight) in enumerate(plan, start=1):
             wait_for(lambda k=k: live_batch(cluster, namespace, k), 90, f"batch {k} live")
             if "gatewayAPI" in routing:
@@ -147,8 +179,11 @@ def test_the_canary_share_of_answered_requests_follows_each_batch(
                 expected = float(weight)
                 before = after = {}
             else:
-                before = wait_for(lambda: (lambda e: e if sum(e.values()) == replicas else None)(
-                    ready_endpoints(cluster, namespace)), 30, f"{replicas} ready endpoints")  # fmt: skip
+                before = wait_for(
+                    lambda: (lambda e: e if sum(e.values()) == replicas else None)(ready_endpoints(cluster, namespace)),
+                    30,
+                    f"{replicas} ready endpoints",
+                )
                 expected = 100 * before["canary"] / replicas
             start = time.time() + SETTLE
             chosen = answered_since(load, start, BATCH_REQUESTS, timeout=3 * BATCH_REQUESTS / RATE + 30)
@@ -158,8 +193,10 @@ def test_the_canary_share_of_answered_requests_follows_each_batch(
             s = summarise(chosen, start, chosen[-1].sent + 1 / RATE, asked_rate=RATE)
             share = 100 * s.share(v2)
             rows.append((int(expected), share, s.rate, s.answered, len(s.failed)))
-            print(f"\n{next(iter(routing))} batch {k}: expected {expected:.0f}%, canary answered {share:.1f}% of "
-                  f"{s.answered} ({s.rate:.1f} req/s, {len(s.failed)} failed, max send lag {s.max_lag * 1000:.0f} ms)")
+            print(
+                f"\n{next(iter(routing))} batch {k}: expected {expected:.0f}%, canary answered {share:.1f}% of "
+                f"{s.answered} ({s.rate:.1f} req/s, {len(s.failed)} failed, max send lag {s.max_lag * 1000:.0f} ms)"
+            )
             cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/promote=next", "--overwrite")
         wait_for(lambda: status(cluster, namespace, "web").get("phase") == "Succeeded", 120, "Succeeded")
     for expected, share, rate, answered, _ in rows:
@@ -184,8 +221,9 @@ class EndpointWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _canary_pods(self) -> set[str]:
-        pods = self.client.list(f"/api/v1/namespaces/{self.namespace}/pods",
-                                label_selector="greyrelease.io/track=canary")  # fmt: skip
+        pods = self.client.list(
+            f"/api/v1/namespaces/{self.namespace}/pods", label_selector="greyrelease.io/track=canary"
+        )
         return {p["metadata"]["name"] for p in pods}
 
     def _run(self) -> None:
@@ -202,10 +240,16 @@ class EndpointWatch:
                         labels.get("kubernetes.io/service-name") != "web"
                     ):
                         continue
-                    ready = 0 if event["type"] == "DELETED" else sum(
-                        1 for ep in obj.get("endpoints") or []
-                        if ep.get("conditions", {}).get("ready") and (ep.get("targetRef") or {}).get("name") in canary
-                    )  # fmt: skip
+                    ready = (
+                        0
+                        if event["type"] == "DELETED"
+                        else sum(
+                            1
+                            for ep in obj.get("endpoints") or []
+                            if ep.get("conditions", {}).get("ready")
+                            and (ep.get("targetRef") or {}).get("name") in canary
+                        )
+                    )
                     self._slices[obj["metadata"]["name"]] = ready
                     self.changes.append((time.time(), sum(self._slices.values())))
                     if self._stop.is_set():
@@ -265,32 +309,53 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
         for i in range(ABORTS):
             version = f"v{i + 2}"
             steps.append((time.time(), f"abort {i + 1}: release applied"))
-            apply_release(cluster, namespace, gr("web", targetRef={"name": "web"}, targetVersion=version,
-                                                 batches=[batch, {"replicas": 4}], trafficRouting=routing))  # fmt: skip
+            apply_release(
+                cluster,
+                namespace,
+                gr(
+                    "web",
+                    targetRef={"name": "web"},
+                    targetVersion=version,
+                    batches=[batch, {"replicas": 4}],
+                    trafficRouting=routing,
+                ),
+            )
             wait_for(lambda: live_batch(cluster, namespace, 1), 90, f"abort {i + 1}: batch 1 live")
             canary = is_canary(version)
             seen = time.time()
-            wait_for(lambda s=seen, c=canary: sum(1 for r in load.records if r.sent >= s and c(r)) >= 10, 30,
-                     f"abort {i + 1}: canary answers")  # fmt: skip
+            wait_for(
+                lambda s=seen, c=canary: sum(1 for r in load.records if r.sent >= s and c(r)) >= 10,
+                30,
+                f"abort {i + 1}: canary answers",
+            )
             watch = EndpointWatch(cluster, namespace).start() if mode == "service" else None
             time.sleep(0.3 if watch else 0)  # the watch is listening
             t0 = time.time()
             steps.append((t0, f"abort {i + 1}: annotated"))
-            subprocess.run([cluster.kubectl_path, "annotate", "gr", "web", "-n", namespace,
-                            "greyrelease.io/abort=true"], env=cluster.env, check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                [cluster.kubectl_path, "annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true"],
+                env=cluster.env,
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
             # Until no canary answer for 1.5 s: every request routed before the cut has been answered. Only
             # the records are read meanwhile: a kubectl started every 0.2 s to poll the status would take
             # the CPU the controller and the proxy need during the very cut we measure.
-            wait_for(lambda c=canary: time.time() - (last(load.records, c) or final_none).sent > 1.5, 30,
-                     "no more canary answers")  # fmt: skip
+            wait_for(
+                lambda c=canary: time.time() - (last(load.records, c) or final_none).sent > 1.5,
+                30,
+                "no more canary answers",
+            )
             final = last(load.records, canary)
             assert final is not None
             annotated = write_after(cluster, namespace, t0, "greyreleases", "kubectl")
             assert annotated is not None, "the audit log has no write of the abort annotation"
             cut = final.sent - annotated
             cuts.append(cut)
-            written = write_after(cluster, namespace, t0, "httproutes" if mode == "gatewayAPI" else "services",
-                                  "greyrelease")  # fmt: skip
+            written = write_after(
+                cluster, namespace, t0, "httproutes" if mode == "gatewayAPI" else "services", "greyrelease"
+            )
             part = {"kubectl": annotated - t0, "controller write": (written or annotated) - annotated}
             if watch is not None:
                 gone = watch.canary_gone_after(t0)
@@ -300,9 +365,12 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             else:
                 part["proxy"] = final.sent - (written or t0)  # the route update is the controller's write
             parts.append(part)
-            print(f"\n{mode} abort {i + 1}: last canary answer {cut:.3f}s after the annotation's write, "
-                  f"{final.sent - t0:.3f}s after `kubectl annotate` started ("
-                  + ", ".join(f"{k} {v:.3f}s" for k, v in part.items()) + ")")
+            print(
+                f"\n{mode} abort {i + 1}: last canary answer {cut:.3f}s after the annotation's write, "
+                f"{final.sent - t0:.3f}s after `kubectl annotate` started ("
+                + ", ".join(f"{k} {v:.3f}s" for k, v in part.items())
+                + ")"
+            )
             wait_for(lambda: status(cluster, namespace, "web").get("phase") == "Aborted", 60, "Aborted")
             steps.append((time.time(), f"abort {i + 1}: release deleted"))
             cluster.kubectl("delete", "gr", "web", "-n", namespace, "--timeout=60s")
@@ -310,9 +378,11 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s")
         records = load.stop()
     failed = [r for r in records if r.failed]
-    print(f"\n{mode}: {ABORTS} aborts under {RATE:.0f} req/s: cut p50 {percentile(cuts, 50):.3f}s, "
-          f"p99 {percentile(cuts, 99):.3f}s, max {max(cuts):.3f}s; {len(failed)} of {len(records)} requests failed; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"\n{mode}: {ABORTS} aborts under {RATE:.0f} req/s: cut p50 {percentile(cuts, 50):.3f}s, "
+        f"p99 {percentile(cuts, 99):.3f}s, max {max(cuts):.3f}s; {len(failed)} of {len(records)} requests failed; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     for r in failed[:10]:
         when, what = max(((t, w) for t, w in steps if t <= r.sent), default=(r.sent, "start"))
         print(f"  failed: {r.sent - when:.3f}s after {what}: status {r.status} {r.error or ''} pod {r.pod}")

@@ -46,16 +46,14 @@ ERROR_RATIO = (
     f" / sum(rate(traefik_service_requests_total{{{SERVICE}}}[10s]))"
 )
 LATENCY_P90 = (
-    "histogram_quantile(0.9, sum by (le) "
-    f"(rate(traefik_service_request_duration_seconds_bucket{{{SERVICE}}}[10s])))"
+    f"histogram_quantile(0.9, sum by (le) (rate(traefik_service_request_duration_seconds_bucket{{{SERVICE}}}[10s])))"
 )
 
 
 # --- the app, its route, the load -------------------------------------------------------------------------
 
 
-def deploy(cluster: Cluster, dataplane: DataPlane, namespace: str, mode: str, *, replicas: int,
-           service: str) -> str:  # fmt: skip
+def deploy(cluster: Cluster, dataplane: DataPlane, namespace: str, mode: str, *, replicas: int, service: str) -> str:
     """Deployment `web` (answering pods of V1) and Service `service`, reached through Traefik at a host of
     its own: by an HTTPRoute `web` on the Gateway (mode "gateway"), or an Ingress of class traefik ("service").
     Returns the host once Traefik answers there."""
@@ -66,17 +64,43 @@ def deploy(cluster: Cluster, dataplane: DataPlane, namespace: str, mode: str, *,
     host = f"web.{namespace}.example"
     backend = {"name": service, "port": 80}
     if mode == "gateway":
-        app["items"].append({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "web"},
-            "spec": {"parentRefs": [dataplane.parent_ref], "hostnames": [host], "rules": [{"backendRefs": [backend]}]},
-        })  # fmt: skip
+        app["items"].append(
+            {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "HTTPRoute",
+                "metadata": {"name": "web"},
+                "spec": {
+                    "parentRefs": [dataplane.parent_ref],
+                    "hostnames": [host],
+                    "rules": [{"backendRefs": [backend]}],
+                },
+            }
+        )
     else:
-        app["items"].append({
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
-            "spec": {"ingressClassName": "traefik", "rules": [{"host": host, "http": {"paths": [
-                {"path": "/", "pathType": "Prefix",
-                 "backend": {"service": {"name": service, "port": {"number": 80}}}}]}}]},
-        })  # fmt: skip
+        app["items"].append(
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "Ingress",
+                "metadata": {"name": "web"},
+                "spec": {
+                    "ingressClassName": "traefik",
+                    "rules": [
+                        {
+                            "host": host,
+                            "http": {
+                                "paths": [
+                                    {
+                                        "path": "/",
+                                        "pathType": "Prefix",
+                                        "backend": {"service": {"name": service, "port": {"number": 80}}},
+                                    }
+                                ]
+                            },
+                        }
+                    ],
+                },
+            }
+        )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(app))
     cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s")
 
@@ -108,8 +132,9 @@ class Run:
             print(f"  {t - self.applied:6.2f}s  {phase or '-':<12} batch {batch} weight {weight}")
 
 
-def run_release(cluster: Cluster, dataplane: DataPlane, namespace: str, host: str, body: dict[str, Any], *,
-                timeout: float = 180) -> Run:  # fmt: skip
+def run_release(
+    cluster: Cluster, dataplane: DataPlane, namespace: str, host: str, body: dict[str, Any], *, timeout: float = 180
+) -> Run:
     """Steady load from 2 s before the release until its canary pods are gone and their grace period is over."""
     load = Load(dataplane.gateway_url, RATE, host=host).start()
     try:
@@ -132,8 +157,13 @@ def run_release(cluster: Cluster, dataplane: DataPlane, namespace: str, host: st
         else:
             raise AssertionError(f"the release did not finish in {timeout}s: {seen}; metrics: {st.get('metrics')}")
         wait_for(lambda: deployment(cluster, namespace, "web-canary") is None, 60, "the canary Deployment deleted")
-        wait_for(lambda: not cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "greyrelease.io/track=canary")
-                 ["items"], 60, "no canary pod left")  # fmt: skip
+        wait_for(
+            lambda: (
+                not cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "greyrelease.io/track=canary")["items"]
+            ),
+            60,
+            "no canary pod left",
+        )
         time.sleep(GRACE_SECONDS + 2)  # the last canary pod has stopped answering; the stable alone serves
     finally:
         run_records = load.stop()
@@ -142,17 +172,21 @@ def run_release(cluster: Cluster, dataplane: DataPlane, namespace: str, host: st
 
 
 def describe_failures(run: Run, failed: list[Record]) -> str:
-    lines = [f"{r.sent - run.applied:7.3f}s status {r.status} pod {r.pod} image {r.image} error {r.error}"
-             for r in failed[:15]]  # fmt: skip
+    lines = [
+        f"{r.sent - run.applied:7.3f}s status {r.status} pod {r.pod} image {r.image} error {r.error}"
+        for r in failed[:15]
+    ]
     return "\n".join(lines)
 
 
 def print_load(run: Run, end: float) -> None:
     s = summarise(run.records, run.applied - 2, end, asked_rate=RATE)
     lags = sorted(r.lag for r in run.records)
-    print(f"load: {s.sent} requests at {s.rate:.1f}/s (asked {RATE:g}), max send lag {s.max_lag * 1000:.0f} ms, "
-          f"p99 {lags[int(0.99 * (len(lags) - 1))] * 1000:.0f} ms; latency p50 {s.latency_p50 * 1000:.1f} ms, "
-          f"p99 {s.latency_p99 * 1000:.1f} ms")  # fmt: skip
+    print(
+        f"load: {s.sent} requests at {s.rate:.1f}/s (asked {RATE:g}), max send lag {s.max_lag * 1000:.0f} ms, "
+        f"p99 {lags[int(0.99 * (len(lags) - 1))] * 1000:.0f} ms; latency p50 {s.latency_p50 * 1000:.1f} ms, "
+        f"p99 {s.latency_p99 * 1000:.1f} ms"
+    )
     assert s.rate_kept(0.05), f"the load generator did not keep {RATE}/s: {s.rate:.1f}/s"
 
 
@@ -161,14 +195,20 @@ def print_load(run: Run, end: float) -> None:
 
 @pytest.mark.parametrize("mode", ["gateway", "service"])
 def test_a_good_release_loses_no_request(
-    cluster: Cluster, dataplane: DataPlane, namespace: str, mode: str,
+    cluster: Cluster,
+    dataplane: DataPlane,
+    namespace: str,
+    mode: str,
     controller: Controller,
 ) -> None:
     host = deploy(cluster, dataplane, namespace, mode, replicas=4, service="web")
     if mode == "gateway":
         routing = {"gatewayAPI": {"httpRoute": "web", "stableService": "web"}}
-        batches = [{"replicas": 1, "weight": 10, "pause": "3s"}, {"replicas": 2, "weight": 50, "pause": "3s"},
-                   {"replicas": 4, "weight": 100, "pause": "3s"}]  # fmt: skip
+        batches = [
+            {"replicas": 1, "weight": 10, "pause": "3s"},
+            {"replicas": 2, "weight": 50, "pause": "3s"},
+            {"replicas": 4, "weight": 100, "pause": "3s"},
+        ]
     else:
         routing = {"service": {"name": "web"}}
         batches = [{"replicas": 1, "pause": "3s"}, {"replicas": 2, "pause": "3s"}, {"replicas": 4, "pause": "3s"}]
@@ -178,8 +218,10 @@ def test_a_good_release_loses_no_request(
     end = run.records[-1].sent
     s = summarise(run.records, run.applied - 2, end, asked_rate=RATE)
     took = (run.at(str(run.final.get("phase"))) or end) - run.applied
-    print(f"\n{mode} mode: release {run.final.get('phase')} after {took:.1f} s; {s.sent} requests, "
-          f"{len(s.failed)} failed; answered by {s.answered_by_image}")  # fmt: skip
+    print(
+        f"\n{mode} mode: release {run.final.get('phase')} after {took:.1f} s; {s.sent} requests, "
+        f"{len(s.failed)} failed; answered by {s.answered_by_image}"
+    )
     run.print_timeline()
     print_load(run, end)
     assert run.final.get("phase") == "Succeeded", (run.final, controller.logs())
@@ -215,18 +257,27 @@ CASES = [BadCase("v2-err30", ERROR_GATE, "error"), BadCase("v2-slow300ms", LATEN
 
 @pytest.mark.parametrize("case", CASES, ids=[c.tag for c in CASES])
 def test_a_bad_canary_is_rolled_back_by_the_proxys_numbers(
-    cluster: Cluster, dataplane: DataPlane, namespace: str, prometheus: PrometheusStack, case: BadCase,
+    cluster: Cluster,
+    dataplane: DataPlane,
+    namespace: str,
+    prometheus: PrometheusStack,
+    case: BadCase,
     controller: Controller,
 ) -> None:
     host = deploy(cluster, dataplane, namespace, "gateway", replicas=4, service="web-stable")
     body = gr(
-        "web", targetRef={"name": "web"}, targetVersion=case.tag,
+        "web",
+        targetRef={"name": "web"},
+        targetVersion=case.tag,
         trafficRouting={"gatewayAPI": {"httpRoute": "web", "stableService": "web-stable"}},
         # The first batch holds far longer than the gate needs: only the gate can end it.
         batches=[{"replicas": 1, "weight": 10, "pause": "300s"}, {"replicas": 4, "weight": 100}],
-        analysis={"prometheus": {"address": prometheus.url, "timeout": "2s"}, "interval": "1s",
-                  "metrics": [case.metric]},
-    )  # fmt: skip
+        analysis={
+            "prometheus": {"address": prometheus.url, "timeout": "2s"},
+            "interval": "1s",
+            "metrics": [case.metric],
+        },
+    )
     run = run_release(cluster, dataplane, namespace, host, body)
     canary_image = f"registry.example/app:{case.tag}"
     end = run.records[-1].sent
@@ -245,12 +296,15 @@ def test_a_bad_canary_is_rolled_back_by_the_proxys_numbers(
     assert first_bad is not None and last_canary is not None, s.answered_by_image
     cut = last_canary.sent - first_bad.sent
     bad_seen = [r for r in canary if case.is_bad(r)]
-    print(f"  users saw {len(s.failed)} failed requests ({len(bad_seen)} bad canary answers of {len(canary)}, "
-          f"{s.sent} requests in all); first bad canary answer -> last canary answer {cut:.2f} s; "
-          f"last canary answer {last_canary.sent - failed_at:+.2f} s from phase Failed seen")  # type: ignore[operator]  # fmt: skip
+    print(
+        f"  users saw {len(s.failed)} failed requests ({len(bad_seen)} bad canary answers of {len(canary)}, "
+        f"{s.sent} requests in all); first bad canary answer -> last canary answer {cut:.2f} s; "
+        f"last canary answer {last_canary.sent - failed_at:+.2f} s from phase Failed seen"
+    )  # type: ignore[operator]
     # Every failure users saw came from the bad canary: the rollback itself failed no request.
-    assert all(r.image == canary_image and r.status == 500 for r in s.failed), describe_failures(run, [
-        r for r in s.failed if r.image != canary_image or r.status != 500])  # fmt: skip
+    assert all(r.image == canary_image and r.status == 500 for r in s.failed), describe_failures(
+        run, [r for r in s.failed if r.image != canary_image or r.status != 500]
+    )
     assert cut <= 30, f"the canary answered for {cut:.1f} s after its first bad answer"
     share = len(canary) / max(s.answered, 1)
     assert share < 0.2, f"the canary answered {share:.0%} of the requests at a 10% weight"

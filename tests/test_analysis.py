@@ -32,9 +32,22 @@ def metric(**fields) -> Metric:
         # The same absolute threshold would pass a canary 50% worse than stable; comparison does not.
         ({"thresholdRange": {"max": 0.5}, "compare": {"maxIncrease": 0.2}}, Sample(0.3), Sample(0.2), "Fail"),
     ],
-    ids=["in-range", "over-max", "under-min", "no-data-wait", "no-data-fail", "no-data-pass", "nan-is-no-data",
-         "error", "compare-within", "compare-worse", "compare-floor-within", "compare-floor-worse",
-         "compare-stable-error", "compare-catches-what-threshold-misses"],
+    ids=[
+        "in-range",
+        "over-max",
+        "under-min",
+        "no-data-wait",
+        "no-data-fail",
+        "no-data-pass",
+        "nan-is-no-data",
+        "error",
+        "compare-within",
+        "compare-worse",
+        "compare-floor-within",
+        "compare-floor-worse",
+        "compare-stable-error",
+        "compare-catches-what-threshold-misses",
+    ],
 )
 def test_judge(fields: dict, canary: Sample, stable: Sample | None, expected: str) -> None:
     assert judge(metric(**fields), Check("m", canary, stable))[0] == expected
@@ -54,8 +67,10 @@ def test_fold_counts_and_resets_consecutive_errors() -> None:
 
 def test_verdict_needs_every_metric() -> None:
     analysis = Analysis.model_validate(
-        {"prometheus": {"address": "http://p:9090"}, "metrics": [
-            {"name": "a", "query": "q", "successesRequired": 2}, {"name": "b", "query": "q"}]}
+        {
+            "prometheus": {"address": "http://p:9090"},
+            "metrics": [{"name": "a", "query": "q", "successesRequired": 2}, {"name": "b", "query": "q"}],
+        }
     )
     assert not verdict(analysis, []).passed
     a1 = MetricStatus(name="a", successes=1)

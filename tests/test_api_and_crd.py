@@ -68,8 +68,19 @@ BASE = {"targetRef": {"name": "web"}, "targetVersion": "v2"}
         ({**BASE, "targetVersion": "v 2", "batchSize": 1, "canaryWeight": 1}, "targetVersion"),
         ({**BASE, "batchSize": 1, "canaryWeight": 1, "colour": "grey"}, "colour"),
     ],
-    ids=["shorthand-half", "both-forms", "both-targets", "weight-over-100", "zero-batch-size", "zero-replicas",
-         "percent-over-100", "decreasing-weights", "bad-duration", "space-in-version", "unknown-field"],
+    ids=[
+        "shorthand-half",
+        "both-forms",
+        "both-targets",
+        "weight-over-100",
+        "zero-batch-size",
+        "zero-replicas",
+        "percent-over-100",
+        "decreasing-weights",
+        "bad-duration",
+        "space-in-version",
+        "unknown-field",
+    ],
 )
 def test_bad_specs_are_refused_naming_the_field(spec: dict, field: str) -> None:
     with pytest.raises(ValidationError) as err:
@@ -77,9 +88,7 @@ def test_bad_specs_are_refused_naming_the_field(spec: dict, field: str) -> None:
     assert field in str(err.value)
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("30s", 30), ("1m30s", 90), ("250ms", 0.25), ("2h", 7200), ("1.5m", 90)]
-)
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("1m30s", 90), ("250ms", 0.25), ("2h", 7200), ("1.5m", 90)])
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -88,11 +97,19 @@ def test_durations(text: str, seconds: float) -> None:
     ("fields", "replicas", "table"),
     [
         ({"batchSize": 3, "canaryWeight": 25}, 10, [(3, 7, 30), (6, 4, 60), (9, 1, 90), (10, 0, 100)]),
-        ({"batchSize": 3, "canaryWeight": 25, "trafficRouting": {"nginx": {"ingress": "i", "stableService": "s"}}},
-         10, [(3, 10, 25), (6, 10, 50), (9, 10, 75), (10, 10, 100)]),
-        ({"batches": [{"replicas": "20%", "weight": 5}, {"replicas": "50%", "weight": 40}, {"replicas": 3}],
-          "trafficRouting": {"gatewayAPI": {"httpRoute": "r", "stableService": "s"}}},
-         10, [(2, 10, 5), (5, 10, 40), (10, 10, 100)]),
+        (
+            {"batchSize": 3, "canaryWeight": 25, "trafficRouting": {"nginx": {"ingress": "i", "stableService": "s"}}},
+            10,
+            [(3, 10, 25), (6, 10, 50), (9, 10, 75), (10, 10, 100)],
+        ),
+        (
+            {
+                "batches": [{"replicas": "20%", "weight": 5}, {"replicas": "50%", "weight": 40}, {"replicas": 3}],
+                "trafficRouting": {"gatewayAPI": {"httpRoute": "r", "stableService": "s"}},
+            },
+            10,
+            [(2, 10, 5), (5, 10, 40), (10, 10, 100)],
+        ),
         ({"batches": [{"replicas": 1}, {"replicas": 50}]}, 4, [(1, 3, 25), (4, 0, 100)]),
         ({"batchSize": 5, "canaryWeight": 50}, 3, [(3, 0, 100)]),
     ],

@@ -51,13 +51,21 @@ def test_ratio(a: Any, b: Any, expected: str) -> None:
 
 def test_the_report_rewrites_only_its_measured_part(tmp_path: Path) -> None:
     out = tmp_path / "COMPARISON.md"
-    out.write_text("# Title\n\nprose before\n\n<!-- measured: begin (bench/compare.py writes this part) -->\nold\n"
-                   "<!-- measured: end -->\n\nprose after\n")  # fmt: skip
+    out.write_text(
+        "# Title\n\nprose before\n\n<!-- measured: begin (bench/compare.py writes this part) -->\nold\n"
+        "<!-- measured: end -->\n\nprose after\n"
+    )
     figures = {"cut_p50_s": 0.5, "cut_p99_s": 0.9, "cut_max_s": 1.0, "failed": 0, "requests": 4000}
     runs = {
-        "cutoff": {"date": "2026-12-03", "commit": "abc1234", "command": "python -m bench.compare", "rate": 100.0,
-                   "aborts": 10, "results": {"greyrelease": figures, "argo": {**figures, "cut_p99_s": 3.6}}},
-    }  # fmt: skip
+        "cutoff": {
+            "date": "2026-12-03",
+            "commit": "abc1234",
+            "command": "python -m bench.compare",
+            "rate": 100.0,
+            "aborts": 10,
+            "results": {"greyrelease": figures, "argo": {**figures, "cut_p99_s": 3.6}},
+        },
+    }
     compare.write_report(runs, out)
     text = out.read_text()
     assert text.startswith("# Title\n\nprose before\n\n") and text.endswith("\n\nprose after\n")
@@ -69,20 +77,34 @@ def test_the_report_rewrites_only_its_measured_part(tmp_path: Path) -> None:
 def test_the_cutting_write_of_each_abort_is_read_from_the_audit_log(tmp_path: Path) -> None:
     """Argo's cut is its canary ReplicaSet's scale-down, not the stable's scale-up beside it; only writes
     after the app's own abort count."""
+
     def event(at: float, resource: str, name: str, agent: str = "rollouts-controller/v1.10.2") -> str:
         stamp = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
-        return json.dumps({"verb": "update", "userAgent": agent, "requestReceivedTimestamp": stamp,
-                           "objectRef": {"resource": resource, "namespace": "ns", "name": name},
-                           "responseStatus": {"code": 200}})  # fmt: skip
+        return json.dumps(
+            {
+                "verb": "update",
+                "userAgent": agent,
+                "requestReceivedTimestamp": stamp,
+                "objectRef": {"resource": resource, "namespace": "ns", "name": name},
+                "responseStatus": {"code": 200},
+            }
+        )
 
     t = 1_800_000_000.0
-    (tmp_path / "audit.log").write_text("\n".join([
-        event(t + 0.5, "replicasets", "web-canaryhash"),  # before web's abort: not its cut
-        event(t + 1.2, "replicasets", "web-stablehash"),  # the stable scaled up: not a cut
-        event(t + 1.4, "replicasets", "web-canaryhash"),
-        event(t + 1.3, "replicasets", "api-canaryhash", agent="kube-controller-manager"),  # not the controller's
-        event(t + 2.0, "replicasets", "api-canaryhash"),
-    ]) + "\n")  # fmt: skip
+    (tmp_path / "audit.log").write_text(
+        "\n".join(
+            [
+                event(t + 0.5, "replicasets", "web-canaryhash"),  # before web's abort: not its cut
+                event(t + 1.2, "replicasets", "web-stablehash"),  # the stable scaled up: not a cut
+                event(t + 1.4, "replicasets", "web-canaryhash"),
+                event(
+                    t + 1.3, "replicasets", "api-canaryhash", agent="kube-controller-manager"
+                ),  # not the controller's
+                event(t + 2.0, "replicasets", "api-canaryhash"),
+            ]
+        )
+        + "\n"
+    )
     cluster: Any = SimpleNamespace(audit_log=tmp_path / "audit.log")
     argo = compare.ArgoContender(tmp_path / "rollouts-controller")
     canaries = {"web": {"web-canaryhash-abcde"}, "api": {"api-canaryhash-fghij"}}

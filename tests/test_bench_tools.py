@@ -16,9 +16,11 @@ def test_a_flat_series_has_no_slope_and_a_growing_one_its_rate() -> None:
 
 def test_the_summary_compares_the_minutes_after_the_first_round_with_the_last_ones() -> None:
     points = [(float(t), 150.0 if t < 600 else 160.0) for t in range(0, 3610, 10)]
-    rounds = [{"ended_s": 300.0, "took_s": 300.0, "rss_mib": 150.0},
-              {"ended_s": 1800.0, "took_s": 400.0, "rss_mib": 160.0},
-              {"ended_s": 3600.0, "took_s": 400.0, "rss_mib": 160.0}]  # fmt: skip
+    rounds = [
+        {"ended_s": 300.0, "took_s": 300.0, "rss_mib": 150.0},
+        {"ended_s": 1800.0, "took_s": 400.0, "rss_mib": 160.0},
+        {"ended_s": 3600.0, "took_s": 400.0, "rss_mib": 160.0},
+    ]
     s = summarize(rounds, points, n=10, minutes=60)
     assert s["rounds"] == 3 and s["releases"] == 30
     assert s["rss_early_mean_mib"] == 150.0  # t in [300, 600)

@@ -102,8 +102,12 @@ def test_namespaces_are_kept_apart(packed: bool) -> None:
 
 
 def test_a_packed_store_holds_json_and_hands_out_the_same_bodies() -> None:
-    body = obj("web", 3, spec={"replicas": 3, "template": {"spec": {"containers": [{"name": "app", "image": "a:v1"}]}}},
-               status={"ratio": 0.25, "ready": True, "note": None, "name": "ü"})  # fmt: skip
+    body = obj(
+        "web",
+        3,
+        spec={"replicas": 3, "template": {"spec": {"containers": [{"name": "app", "image": "a:v1"}]}}},
+        status={"ratio": 0.25, "ready": True, "note": None, "name": "ü"},
+    )
     plain, packed = Store(), Store(packed=True)
     plain.fold(body)
     packed.fold(body)
@@ -120,8 +124,12 @@ DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 
 
 def deployment(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
 
 
 @pytest.fixture

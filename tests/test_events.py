@@ -17,9 +17,12 @@ EVENTS = path("", "v1", "events", "shop")
 
 
 def release(status: dict[str, Any], **annotations: str) -> dict[str, Any]:
-    return {"apiVersion": "greyrelease.io/v1", "kind": "GreyRelease",
-            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "generation": 1, "annotations": annotations},
-            "status": status}  # fmt: skip
+    return {
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "generation": 1, "annotations": annotations},
+        "status": status,
+    }
 
 
 READY = (Event("Normal", "BatchReady", "batch 1/3: 2 canary pods ready, weight 20%"),)
@@ -91,18 +94,38 @@ def test_an_event_the_api_server_refuses_does_not_stop_the_pass() -> None:
 # --- the status is written only when it changes ---------------------------------------------------
 
 
-@pytest.mark.parametrize("extra", [
-    {},
-    # endPhase's None is written as "" (not dropped like other nulls); conditions and metrics, lists of objects.
-    {"phase": "RollingBack", "endPhase": "Aborted", "metrics": [{"name": "errors", "successes": 1}],
-     "conditions": [{"type": "Healthy", "status": "False", "reason": "RollingBack", "message": "",
-                     "lastTransitionTime": "2026-01-01T12:00:00.000Z"}]},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        # endPhase's None is written as "" (not dropped like other nulls); conditions and metrics, lists of objects.
+        {
+            "phase": "RollingBack",
+            "endPhase": "Aborted",
+            "metrics": [{"name": "errors", "successes": 1}],
+            "conditions": [
+                {
+                    "type": "Healthy",
+                    "status": "False",
+                    "reason": "RollingBack",
+                    "message": "",
+                    "lastTransitionTime": "2026-01-01T12:00:00.000Z",
+                }
+            ],
+        },
+    ],
+)
 def test_a_status_with_null_fields_equal_to_the_stored_one_is_not_written_again(extra: dict[str, Any]) -> None:
-    status = GreyReleaseStatus.model_validate({
-        "phase": "Paused", "currentBatch": 1, "totalBatches": 2, "restore": {"replicas": 2, "image": "app:v1"},
-        "history": [{"batch": 1, "startedAt": "2026-01-01T12:00:00.000Z"}], **extra,
-    })  # fmt: skip
+    status = GreyReleaseStatus.model_validate(
+        {
+            "phase": "Paused",
+            "currentBatch": 1,
+            "totalBatches": 2,
+            "restore": {"replicas": 2, "image": "app:v1"},
+            "history": [{"batch": 1, "startedAt": "2026-01-01T12:00:00.000Z"}],
+            **extra,
+        }
+    )
     kube = MemoryKube(release({}))
     assert write_status(kube, release({}), status)
     # What the API server keeps of that patch: no null anywhere (history[0].finishedAt, ...).

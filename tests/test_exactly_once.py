@@ -83,8 +83,12 @@ def _annotate(kube: MemoryKube, annotations: dict[str, str], **meta: Any) -> Non
 
 
 def bookkeeping(kube: MemoryKube) -> None:
-    _annotate(kube, {"greyrelease.io/touch-dummy": "2026-01-01T12:00:01Z"},
-              finalizers=["greyrelease.io/finalizer"], labels={"team": "shop"})  # fmt: skip
+    _annotate(
+        kube,
+        {"greyrelease.io/touch-dummy": "2026-01-01T12:00:01Z"},
+        finalizers=["greyrelease.io/finalizer"],
+        labels={"team": "shop"},
+    )
 
 
 def noop_request(kube: MemoryKube) -> None:

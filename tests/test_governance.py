@@ -249,8 +249,9 @@ def test_every_source_with_windows_must_be_open() -> None:
     r = both()
     # Monday morning: the release's window is open, the policy's is not.
     hold = r.hold(at("2026-12-07T10:00:00Z"))
-    assert hold == Hold(at("2026-12-07T15:00:00Z"), f"waiting for release window of {POLICY} "
-                        "(opens 2026-12-07T16:00:00+01:00)")  # fmt: skip
+    assert hold == Hold(
+        at("2026-12-07T15:00:00Z"), f"waiting for release window of {POLICY} (opens 2026-12-07T16:00:00+01:00)"
+    )
     assert r.hold(at("2026-12-07T15:00:00Z")) is None
     assert r.hold(at("2026-12-07T15:59:59Z")) is None
     # 17:00 Berlin: the release's window closed, the policy's still open.
@@ -297,8 +298,9 @@ NEW_YEAR = freeze("2026-12-24T00:00:00Z", "2027-01-02T00:00:00Z", "new year")
 
 def test_inside_a_freeze_holds_until_its_end() -> None:
     hold = rules(freezes=(XMAS,)).hold(at("2026-12-21T10:00:00Z"))
-    assert hold == Hold(at("2026-12-27T00:00:00Z"),
-                        "waiting for the end of freeze 'christmas' (next start 2026-12-27T00:00:00Z)")  # fmt: skip
+    assert hold == Hold(
+        at("2026-12-27T00:00:00Z"), "waiting for the end of freeze 'christmas' (next start 2026-12-27T00:00:00Z)"
+    )
 
 
 def test_freeze_boundaries_from_inclusive_to_exclusive() -> None:
@@ -334,8 +336,9 @@ def test_a_freeze_ending_outside_a_window_waits_for_the_next_opening() -> None:
     incident = freeze("2026-12-03T00:00:00Z", "2026-12-04T20:00:00Z", "incident")  # ends Friday 21:00 Berlin
     r = rules(OFFICE, freezes=(incident,))
     hold = r.hold(at("2026-12-03T10:00:00Z"))
-    assert hold == Hold(at("2026-12-07T08:00:00Z"),
-                        "waiting for the end of freeze 'incident' (next start 2026-12-07T09:00:00+01:00)")  # fmt: skip
+    assert hold == Hold(
+        at("2026-12-07T08:00:00Z"), "waiting for the end of freeze 'incident' (next start 2026-12-07T09:00:00+01:00)"
+    )
     # Just after the freeze: a closed window, named as such.
     after = r.hold(at("2026-12-04T20:00:00Z"))
     assert after == Hold(at("2026-12-07T08:00:00Z"), "waiting for release window (opens 2026-12-07T09:00:00+01:00)")
@@ -535,8 +538,10 @@ def test_promote_next_while_waiting_between_batches_respects_the_freeze() -> Non
     plan = w.step()
     assert plan.actions == (RemoveAnnotations((PROMOTE_ANNOTATION,)),)
     assert (plan.status.phase, plan.status.batch_state, plan.status.current_batch) == (
-        Phase.WAITING, BatchState.DONE, 1,
-    )  # fmt: skip
+        Phase.WAITING,
+        BatchState.DONE,
+        1,
+    )
     assert any(e.type == "Warning" and "promote=full" in e.message for e in plan.events)
     assert PROMOTE_ANNOTATION not in w.annotations
 
@@ -578,8 +583,12 @@ def test_a_closed_window_does_not_hold_the_promotion_after_the_last_batch() -> N
 
 
 def test_an_approval_given_after_the_window_closed_waits_for_the_next_opening() -> None:
-    s = spec(batchSize=None, canaryWeight=None, windows=[OFFICE_JSON],
-             batches=[{"replicas": 2, "pause": "manual"}, {"replicas": 10}])  # fmt: skip
+    s = spec(
+        batchSize=None,
+        canaryWeight=None,
+        windows=[OFFICE_JSON],
+        batches=[{"replicas": 2, "pause": "manual"}, {"replicas": 10}],
+    )
     w = GovWorld(s, now=at("2026-12-04T15:00:00Z"))  # Friday 16:00 Berlin
     w.step()
     assert w.step().status.batch_state == BatchState.WAITING_FOR_APPROVAL
@@ -619,17 +628,29 @@ def test_the_steps_carry_the_approval_timeout() -> None:
     steps = expand(manual("4h", "promote"), 10)
     assert steps[0].pause == MANUAL and steps[0].approval == Approval(4 * 3600.0, "promote")
     assert steps[1].approval is None
-    plain = expand(spec(batchSize=None, canaryWeight=None, batches=[{"replicas": 2, "pause": "manual"},
-                                                                    {"replicas": 10}]), 10)  # fmt: skip
+    plain = expand(
+        spec(batchSize=None, canaryWeight=None, batches=[{"replicas": 2, "pause": "manual"}, {"replicas": 10}]), 10
+    )
     assert plain[0].pause == MANUAL and plain[0].approval is None
     # The release's approval holds every batch waiting for one, unless the batch sets its own; a batch
     # that does not wait for an approval has none.
-    every = spec(batchSize=None, canaryWeight=None, approval={"timeout": "1h"}, batches=[
-        {"replicas": 2, "pause": "manual"}, {"replicas": 4, "pause": "manual", "approval": {"timeout": "30m",
-         "onTimeout": "promote"}}, {"replicas": 6, "pause": "30s"}, {"replicas": 10}])  # fmt: skip
+    every = spec(
+        batchSize=None,
+        canaryWeight=None,
+        approval={"timeout": "1h"},
+        batches=[
+            {"replicas": 2, "pause": "manual"},
+            {"replicas": 4, "pause": "manual", "approval": {"timeout": "30m", "onTimeout": "promote"}},
+            {"replicas": 6, "pause": "30s"},
+            {"replicas": 10},
+        ],
+    )
     assert [s.approval for s in expand(every, 10)] == [
-        Approval(3600.0, "abort"), Approval(1800.0, "promote"), None, None,
-    ]  # fmt: skip
+        Approval(3600.0, "abort"),
+        Approval(1800.0, "promote"),
+        None,
+        None,
+    ]
     # The shorthand: every batch but the last waits, each at most so long.
     short = expand(spec(pause="manual", approval={"timeout": "2h", "onTimeout": "promote"}), 10)
     assert [s.approval for s in short] == [Approval(7200.0, "promote")] * 4 + [None]
@@ -726,8 +747,9 @@ def test_the_deadline_survives_a_controller_restart() -> None:
 # --- the concurrency limit: the planner's side ------------------------------------------------------
 
 
-def queue(*, limit: int = 2, holders: tuple[str, ...] = (), ahead: int = 0, held: bool = False,
-          stale: tuple[str, ...] = ()) -> Queue:  # fmt: skip
+def queue(
+    *, limit: int = 2, holders: tuple[str, ...] = (), ahead: int = 0, held: bool = False, stale: tuple[str, ...] = ()
+) -> Queue:
     return Queue("namespace shop", LEASE, limit, holders, ahead, held, stale)
 
 
@@ -989,14 +1011,26 @@ def test_free_gives_back_only_the_slot_held() -> None:
     assert kube.writes == []
 
 
-def gr(name: str, created: str = "2026-01-01T12:00:00Z", *, status: Obj | None = None, generation: int = 1,
-       after: list[str] | None = None) -> Obj:  # fmt: skip
+def gr(
+    name: str,
+    created: str = "2026-01-01T12:00:00Z",
+    *,
+    status: Obj | None = None,
+    generation: int = 1,
+    after: list[str] | None = None,
+) -> Obj:
     obj: Obj = {
-        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "creationTimestamp": created,
-                     "generation": generation},
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "generation": generation,
+        },
         "spec": {"targetRef": {"name": name}, "targetVersion": "v2", "batchSize": 1, "canaryWeight": 50},
-    }  # fmt: skip
+    }
     if after:
         obj["spec"]["after"] = [{"name": a} for a in after]
     if status is not None:
@@ -1018,8 +1052,12 @@ def test_releases_created_in_the_same_second_queue_by_name() -> None:
     assert [n for n in sorted(names) if seen[n].may_take()] == ["a", "b"]
     # a and b take their slots and start; the others queue behind them, in the order of their names.
     for n in ("a", "b"):
-        plan = decide(GreyReleaseSpec.model_validate(gr(n)["spec"]), GreyReleaseStatus(),
-                      replace(GovWorld(spec()).observed(), queue=seen[n]), T0)  # fmt: skip
+        plan = decide(
+            GreyReleaseSpec.model_validate(gr(n)["spec"]),
+            GreyReleaseStatus(),
+            replace(GovWorld(spec()).observed(), queue=seen[n]),
+            T0,
+        )
         take = plan.actions[0]
         assert isinstance(take, TakeSlot)
         take_slot(kube, take.lease, limit=take.limit, release=gr(n), stale=take.stale, since=take.since)
@@ -1055,8 +1093,9 @@ def test_a_holder_that_ended_is_stale_and_its_slot_is_taken_over() -> None:
 
 def test_a_progressing_release_does_not_read_the_queue() -> None:
     kube = MemoryKube(gr("a", status={"phase": "Progressing"}))
-    status = GreyReleaseStatus.model_validate({"phase": "Progressing", "batchState": "Verifying",
-                                               "restore": {"replicas": 2, "image": "app:v1"}})  # fmt: skip
+    status = GreyReleaseStatus.model_validate(
+        {"phase": "Progressing", "batchState": "Verifying", "restore": {"replicas": 2, "image": "app:v1"}}
+    )
     kube.requests.clear()
     seen = observe_governance(kube, gr("a"), GreyReleaseSpec.model_validate(gr("a")["spec"]), status, {}, SETTINGS)
     assert seen.queue is not None and seen.queue.held
@@ -1240,13 +1279,25 @@ MANUAL_BATCH = {"replicas": 1, "pause": "manual"}
         ({"after": [{"name": "Not A Name"}]}, ("after", 0, "name"), "pattern"),
     ],
     ids=[
-        "unknown-zone", "start-equals-end", "empty-days", "bad-day-name", "bad-day-range", "bad-clock",
-        "freeze-ends-before-it-starts", "freeze-of-no-time", "freeze-without-zone",
-        "on-timeout-not-abort-or-promote", "release-on-timeout-not-abort-or-promote", "approval-with-a-timed-pause",
-        "approval-without-a-pause", "approval-without-timeout", "approval-bad-timeout", "pause-object-refused",
+        "unknown-zone",
+        "start-equals-end",
+        "empty-days",
+        "bad-day-name",
+        "bad-day-range",
+        "bad-clock",
+        "freeze-ends-before-it-starts",
+        "freeze-of-no-time",
+        "freeze-without-zone",
+        "on-timeout-not-abort-or-promote",
+        "release-on-timeout-not-abort-or-promote",
+        "approval-with-a-timed-pause",
+        "approval-without-a-pause",
+        "approval-without-timeout",
+        "approval-bad-timeout",
+        "pause-object-refused",
         "after-bad-name",
     ],
-)  # fmt: skip
+)
 def test_bad_governance_input_is_refused_naming_the_field(
     fields: dict[str, Any], loc: tuple[int | str, ...], text: str
 ) -> None:
@@ -1261,11 +1312,17 @@ def test_a_window_may_cross_midnight_and_defaults_to_utc() -> None:
 
 
 def test_the_policy_model_takes_windows_freezes_and_a_limit() -> None:
-    p = GreyReleasePolicy.model_validate({
-        "metadata": {"name": "platform"},
-        "spec": {"windows": [OFFICE_JSON], "freezes": [{"from": "2026-12-20T00:00:00Z", "to": "2027-01-02T00:00:00Z"}],
-                 "concurrency": {"maxProgressing": 2, "per": "Group"}, "namespaces": [NS]},
-    })  # fmt: skip
+    p = GreyReleasePolicy.model_validate(
+        {
+            "metadata": {"name": "platform"},
+            "spec": {
+                "windows": [OFFICE_JSON],
+                "freezes": [{"from": "2026-12-20T00:00:00Z", "to": "2027-01-02T00:00:00Z"}],
+                "concurrency": {"maxProgressing": 2, "per": "Group"},
+                "namespaces": [NS],
+            },
+        }
+    )
     assert p.spec.windows == [OFFICE] and p.spec.concurrency is not None and p.spec.concurrency.per == "Group"
     assert p.spec.governs(NS, {}) and not p.spec.governs("other", {})
     with pytest.raises(ValidationError, match="maxProgressing"):

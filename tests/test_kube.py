@@ -33,8 +33,12 @@ def deployment(**spec: Any) -> dict[str, Any]:
 def test_paths_are_taken_apart() -> None:
     loc = parse(path("greyrelease.io", "v1", "greyreleases", "shop", "web", "status"))
     assert loc is not None and (loc.api, loc.plural, loc.namespace, loc.name, loc.sub) == (
-        "/apis/greyrelease.io/v1", "greyreleases", "shop", "web", "status",
-    )  # fmt: skip
+        "/apis/greyrelease.io/v1",
+        "greyreleases",
+        "shop",
+        "web",
+        "status",
+    )
     namespace = parse(path("", "v1", "namespaces", name="shop"))
     assert namespace is not None and (namespace.plural, namespace.namespace, namespace.name) == (
         "namespaces",
@@ -124,8 +128,9 @@ def test_merge_and_strategic_merge_patches() -> None:
         "containers": [{"name": "app", "image": "v2"}]
     }
     assert strategic_merge_patch(pod, {"containers": [{"name": "app", "image": "v2"}]}) == {
-        "containers": [{"name": "app", "image": "v2", "ports": [1]}, {"name": "proxy", "image": "e1"}], "x": 1,
-    }  # fmt: skip
+        "containers": [{"name": "app", "image": "v2", "ports": [1]}, {"name": "proxy", "image": "e1"}],
+        "x": 1,
+    }
     kube = MemoryKube(deployment(template={"spec": pod}))
     kube.patch(
         WEB, {"spec": {"template": {"spec": {"containers": [{"name": "proxy", "image": "e2"}]}}}}, patch_type=STRATEGIC

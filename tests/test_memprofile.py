@@ -63,8 +63,9 @@ def test_a_new_high_keeps_the_peak_for_a_later_report(tmp_path: Path) -> None:
         watcher.join()
         tracemalloc.stop()
     del peak  # gone from the process, still in the kept snapshot
-    text = subprocess.run([sys.executable, "-m", "greyrelease.runtime.memprofile", str(out)],
-                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    text = subprocess.run(
+        [sys.executable, "-m", "greyrelease.runtime.memprofile", str(out)], capture_output=True, text=True, check=True
+    ).stdout
     assert float(text.split()[1]) >= 64
     assert "peak = bytearray(64 * 2**20)" in text.splitlines()[2]
 

@@ -196,7 +196,10 @@ def test_a_batch_without_pause_moves_on_in_the_pass_that_finds_it_ready() -> Non
 def test_a_pass_finishes_at_most_one_batch() -> None:
     # Steps that only move the weight: the next batch's canary is ready the moment the last one passes.
     batches = [
-        {"replicas": 2, "weight": 10}, {"replicas": 2, "weight": 30}, {"replicas": 2, "weight": 60}, {"replicas": 10}
+        {"replicas": 2, "weight": 10},
+        {"replicas": 2, "weight": 30},
+        {"replicas": 2, "weight": 60},
+        {"replicas": 10},
     ]
     w = World(spec(trafficRouting=NGINX, batches=batches, batchSize=None, canaryWeight=None))
     w.run(until={"Succeeded"})

@@ -23,31 +23,50 @@ def ts(seconds_ago: float) -> str:
 def event(reason: str, seconds_ago: float, message: str = "", type: str = "Normal", count: int = 1) -> dict[str, Any]:
     return {
         "metadata": {"name": f"web.{reason}.{seconds_ago}"},
-        "type": type, "reason": reason, "message": message or reason.lower(), "count": count,
-        "lastTimestamp": ts(seconds_ago), "involvedObject": {"uid": "u1"},
-    }  # fmt: skip
+        "type": type,
+        "reason": reason,
+        "message": message or reason.lower(),
+        "count": count,
+        "lastTimestamp": ts(seconds_ago),
+        "involvedObject": {"uid": "u1"},
+    }
 
 
-def release(status: dict[str, Any] | None = None, *, generation: int = 1, annotations: dict[str, str] | None = None,
-            **spec: Any) -> dict[str, Any]:  # fmt: skip
+def release(
+    status: dict[str, Any] | None = None, *, generation: int = 1, annotations: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
     return {
-        "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "generation": generation,
-                     "resourceVersion": "10", "annotations": annotations or {}},
+        "metadata": {
+            "name": "web",
+            "namespace": "shop",
+            "uid": "u1",
+            "generation": generation,
+            "resourceVersion": "10",
+            "annotations": annotations or {},
+        },
         "spec": {"targetVersion": "v2", **spec},
         "status": status or {},
-    }  # fmt: skip
+    }
 
 
 PROGRESSING = {
-    "phase": "Progressing", "phaseStartedAt": ts(75), "currentBatch": 2, "totalBatches": 5,
-    "canaryWeight": 40, "canaryReplicas": 4, "stableReplicas": 6, "stableVersion": "v1", "targetVersion": "v2",
-    "message": "batch 2/5: pausing 30s", "observedGeneration": 1,
+    "phase": "Progressing",
+    "phaseStartedAt": ts(75),
+    "currentBatch": 2,
+    "totalBatches": 5,
+    "canaryWeight": 40,
+    "canaryReplicas": 4,
+    "stableReplicas": 6,
+    "stableVersion": "v1",
+    "targetVersion": "v2",
+    "message": "batch 2/5: pausing 30s",
+    "observedGeneration": 1,
     "nextCheckAt": (NOW + timedelta(seconds=8)).isoformat(),
     "metrics": [
         {"name": "error-rate", "value": 0.012345, "stableValue": 0.01, "verdict": "Pass", "checkedAt": ts(3)},
         {"name": "latency-p99", "value": None, "verdict": "NoData", "message": "no samples"},
     ],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -80,9 +99,15 @@ def test_age_unknown() -> None:
 
 
 def test_progressing_release_shows_everything_a_user_asks_about() -> None:
-    events = [event("Started", 300), event("BatchReady", 200, "batch 1/5: 2 canary pods ready"),
-              event("Promoted", 100), event("BatchStarted", 90, count=3), event("BatchReady", 60),
-              event("MetricPassed", 30), event("Paused", 10, type="Warning")]  # fmt: skip
+    events = [
+        event("Started", 300),
+        event("BatchReady", 200, "batch 1/5: 2 canary pods ready"),
+        event("Promoted", 100),
+        event("BatchStarted", 90, count=3),
+        event("BatchReady", 60),
+        event("MetricPassed", 30),
+        event("Paused", 10, type="Warning"),
+    ]
     annotations = {"greyrelease.io/pause": "true", "other/x": "y"}
     text = render_status(release(PROGRESSING, annotations=annotations), events, NOW)
     lines = text.splitlines()
@@ -194,8 +219,11 @@ def test_no_credentials_is_a_clear_error(
 
 
 def test_status_shows_the_time_left_for_an_approval_and_the_place_in_the_queue() -> None:
-    waiting = {**PROGRESSING, "batchState": "WaitingForApproval",
-               "approvalExpiresAt": (NOW + timedelta(hours=3, minutes=59, seconds=12)).isoformat()}  # fmt: skip
+    waiting = {
+        **PROGRESSING,
+        "batchState": "WaitingForApproval",
+        "approvalExpiresAt": (NOW + timedelta(hours=3, minutes=59, seconds=12)).isoformat(),
+    }
     text = render_status(release(waiting), [], NOW)
     assert "Approval:    3h59m12s left (until " in text, text
     queued = {"phase": "Queued", "queuePosition": 2, "message": "position 2 in the queue of namespace shop"}
@@ -207,14 +235,17 @@ def test_status_shows_the_time_left_for_an_approval_and_the_place_in_the_queue()
 
 def test_plan_from_a_start_time_follows_the_windows_and_freezes(tmp_path: Path) -> None:
     doc = {
-        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": "web"},
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
+        "metadata": {"name": "web"},
         "spec": {
-            "targetRef": {"name": "web"}, "targetVersion": "v2",
+            "targetRef": {"name": "web"},
+            "targetVersion": "v2",
             "batches": [{"replicas": 1, "pause": "2h"}, {"replicas": 5, "pause": "30m"}, {"replicas": 10}],
             "windows": [{"days": ["Mon-Fri"], "start": "09:00", "end": "17:00", "timeZone": "Europe/Berlin"}],
             "freezes": [{"from": "2026-12-07T00:00:00Z", "to": "2026-12-08T00:00:00Z", "reason": "board"}],
         },
-    }  # fmt: skip
+    }
     path = tmp_path / "web.yaml"
     path.write_text(json.dumps(doc))
     out = io.StringIO()
@@ -223,7 +254,9 @@ def test_plan_from_a_start_time_follows_the_windows_and_freezes(tmp_path: Path) 
     lines = out.getvalue().splitlines()
     # Friday 15:30 in Berlin: batch 1 at once; its 2 h pause ends after 17:00, Monday is frozen: Tuesday 09:00.
     assert [line.split()[5] for line in lines[2:5]] == [
-        "2026-12-04T15:30:00+01:00", "2026-12-08T09:00:00+01:00", "2026-12-08T09:30:00+01:00",
+        "2026-12-04T15:30:00+01:00",
+        "2026-12-08T09:00:00+01:00",
+        "2026-12-08T09:30:00+01:00",
     ], lines
     assert lines[-1].startswith("earliest finish: 2026-12-08T09:30:00+01:00 (90h from the start"), lines
 

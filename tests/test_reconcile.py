@@ -29,29 +29,41 @@ class Crash(Exception):
 
 def stable(replicas: int = 4, image: str = "app:v1") -> Obj:
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": "web", "namespace": NS, "uid": "web-uid", "labels": {"app": "web"}},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}},
-                         "spec": {"containers": [{"name": "app", "image": image}]}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "app", "image": image}]},
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def service() -> Obj:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": NS},
-            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+    }
 
 
 def release(**spec: Any) -> Obj:
     return {
-        "apiVersion": "greyrelease.io/v1", "kind": "GreyRelease",
+        "apiVersion": "greyrelease.io/v1",
+        "kind": "GreyRelease",
         "metadata": {"name": "web", "namespace": NS, "uid": "release-uid"},
-        "spec": {"targetRef": {"name": "web"}, "targetVersion": "v2",
-                 "batches": [{"replicas": 1}, {"replicas": 2}, {"replicas": 4}], **spec},
-    }  # fmt: skip
+        "spec": {
+            "targetRef": {"name": "web"},
+            "targetVersion": "v2",
+            "batches": [{"replicas": 1}, {"replicas": 2}, {"replicas": 4}],
+            **spec,
+        },
+    }
 
 
 def cluster(**spec: Any) -> MemoryKube:
@@ -70,15 +82,27 @@ def roll_out(kube: MemoryKube) -> None:
     kube.collect()
     for d in kube.objects(DEPLOYMENTS):
         meta, replicas = d["metadata"], d["spec"].get("replicas", 1)
-        status = {"observedGeneration": meta["generation"], "replicas": replicas, "readyReplicas": replicas,
-                  "updatedReplicas": replicas, "availableReplicas": replicas}  # fmt: skip
+        status = {
+            "observedGeneration": meta["generation"],
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "updatedReplicas": replicas,
+            "availableReplicas": replicas,
+        }
         if d.get("status") != status:
             kube.put({**d, "status": status})
         template_hash = _hash(d["spec"]["template"])
         labels = {**d["spec"]["template"]["metadata"]["labels"], "pod-template-hash": template_hash}
-        rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-              "metadata": {"name": f"{meta['name']}-{template_hash}", "namespace": NS, "labels": labels,
-                           "ownerReferences": [{"uid": meta["uid"], "controller": True}]}}  # fmt: skip
+        rs = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": f"{meta['name']}-{template_hash}",
+                "namespace": NS,
+                "labels": labels,
+                "ownerReferences": [{"uid": meta["uid"], "controller": True}],
+            },
+        }
         if kube.get(path("apps", "v1", "replicasets", NS, rs["metadata"]["name"])) is None:
             kube.put(rs)
 
@@ -99,8 +123,10 @@ def timeless(value: Any) -> Any:
 
 def apps(kube: MemoryKube) -> list[Obj]:
     """The Deployments as the user sees them (name, replicas, template)."""
-    return [{"name": d["metadata"]["name"], **{k: d["spec"][k] for k in ("replicas", "template")}}
-            for d in kube.objects(DEPLOYMENTS)]  # fmt: skip
+    return [
+        {"name": d["metadata"]["name"], **{k: d["spec"][k] for k in ("replicas", "template")}}
+        for d in kube.objects(DEPLOYMENTS)
+    ]
 
 
 def reasons(kube: MemoryKube) -> list[str]:
@@ -108,8 +134,9 @@ def reasons(kube: MemoryKube) -> list[str]:
     return [e["reason"] for e in sorted(kube.objects(EVENTS), key=lambda e: int(e["metadata"]["resourceVersion"]))]
 
 
-def run(kube: MemoryKube, *, until: set[str], max_passes: int = 60,
-        on_pass: Callable[[int], None] | None = None) -> list[Outcome]:  # fmt: skip
+def run(
+    kube: MemoryKube, *, until: set[str], max_passes: int = 60, on_pass: Callable[[int], None] | None = None
+) -> list[Outcome]:
     """Passes, the control plane converging between them, until the phase is in ``until``. A pass that
     fails (a crash, a 409) is run again at the same time, as the retry after it would."""
     reconciler, now, outcomes = Reconciler(kube), T0, []

@@ -644,12 +644,18 @@ def pod_endpoint(pod: str, address: str, ready: bool | None) -> Obj:
 def test_canary_endpoints_count_each_ready_canary_pod_once(routing: Obj) -> None:
     slices = [
         # Dual stack: one slice per address family, each listing the same two pods.
-        endpoint_slice("web-canary-v4", "web-canary", pod_endpoint("c1", "10.0.0.1", True),
-                       pod_endpoint("c2", "10.0.0.2", None), pod_endpoint("c3", "10.0.0.3", False)),
-        endpoint_slice("web-canary-v6", "web-canary", pod_endpoint("c1", "fd00::1", True),
-                       pod_endpoint("c2", "fd00::2", True)),
+        endpoint_slice(
+            "web-canary-v4",
+            "web-canary",
+            pod_endpoint("c1", "10.0.0.1", True),
+            pod_endpoint("c2", "10.0.0.2", None),
+            pod_endpoint("c3", "10.0.0.3", False),
+        ),
+        endpoint_slice(
+            "web-canary-v6", "web-canary", pod_endpoint("c1", "fd00::1", True), pod_endpoint("c2", "fd00::2", True)
+        ),
         endpoint_slice("web-stable", "web", pod_endpoint("s1", "10.0.1.1", True)),  # another Service's
-    ]  # fmt: skip
+    ]
     kube = (nginx_world if "nginx" in routing else gateway_world)(*slices)
     router = make_router(kube, routing)
     assert router.canary_endpoints() == 2
@@ -660,12 +666,22 @@ def test_canary_endpoints_count_each_ready_canary_pod_once(routing: Obj) -> None
 
 
 def canary_deployment(ready: int) -> Obj:
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "web-canary", "namespace": NS, "uid": "canary-uid",
-                         "ownerReferences": [{"uid": UID, "controller": True}]},
-            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-                     "template": {"spec": {"containers": [{"name": "app", "image": "app:v2"}]}}},
-            "status": {"replicas": 2, "readyReplicas": ready}}  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "web-canary",
+            "namespace": NS,
+            "uid": "canary-uid",
+            "ownerReferences": [{"uid": UID, "controller": True}],
+        },
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"spec": {"containers": [{"name": "app", "image": "app:v2"}]}},
+        },
+        "status": {"replicas": 2, "readyReplicas": ready},
+    }
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,7 @@ def test_the_ranges_cover_the_hash_space_without_overlap(n: int) -> None:
 
 
 def test_the_selector_names_each_range_in_the_api_servers_notation() -> None:
-    assert selector([0], 1) == (
-        "shardRange(object.metadata.namespace, '0x0000000000000000', '0x10000000000000000')"
-    )
+    assert selector([0], 1) == ("shardRange(object.metadata.namespace, '0x0000000000000000', '0x10000000000000000')")
     assert selector([2, 0], 3) == (
         "shardRange(object.metadata.namespace, '0x0000000000000000', '0x5555555555555555') || "
         "shardRange(object.metadata.namespace, '0xaaaaaaaaaaaaaaaa', '0x10000000000000000')"
@@ -115,8 +113,16 @@ def test_a_replica_cut_off_stops_writing_before_another_takes_its_shard_over() -
             running[me].pop(k, None)
             flags.pop(k).set()
 
-        return Shards(ways[me], namespace="system", n=2, me=me, start=start, stop=stop,  # type: ignore[arg-type]
-                      lease_seconds=1, renew_every=0.2)  # fmt: skip
+        return Shards(
+            ways[me],
+            namespace="system",
+            n=2,
+            me=me,
+            start=start,
+            stop=stop,  # type: ignore[arg-type]
+            lease_seconds=1,
+            renew_every=0.2,
+        )
 
     async def scenario() -> float:
         stopping = asyncio.Event()
@@ -182,13 +188,23 @@ def test_replicas_run_with_another_shard_count_hold_the_releases_while_they_star
 
 def test_a_replica_takes_nothing_while_an_older_replica_runs_with_another_shard_count() -> None:
     kube = MemoryKube()
-    kube.put({
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": "greyrelease-member-old", "namespace": "system",
-                     "labels": {"greyrelease.io/member": "3"}},
-        "spec": {"holderIdentity": "old", "acquireTime": "2026-01-01T00:00:00.000000Z",
-                 "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "leaseDurationSeconds": 30},
-    })  # fmt: skip
+    kube.put(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "greyrelease-member-old",
+                "namespace": "system",
+                "labels": {"greyrelease.io/member": "3"},
+            },
+            "spec": {
+                "holderIdentity": "old",
+                "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                "leaseDurationSeconds": 30,
+            },
+        }
+    )
     started: list[int] = []
 
     async def start(k: int, held: Held) -> None:
@@ -199,8 +215,9 @@ def test_a_replica_takes_nothing_while_an_older_replica_runs_with_another_shard_
 
     async def scenario() -> None:
         stopping = asyncio.Event()
-        shards = Shards(kube, namespace="system", n=2, me="new", start=start, stop=stop, lease_seconds=1,
-                        renew_every=0.1)  # fmt: skip
+        shards = Shards(
+            kube, namespace="system", n=2, me="new", start=start, stop=stop, lease_seconds=1, renew_every=0.1
+        )
         loop = asyncio.create_task(shards.run(stopping))
         await asyncio.sleep(0.6)
         assert started == [] and shards.held == {}

@@ -91,13 +91,24 @@ def test_a_person_s_change_makes_the_next_pass_urgent_and_our_status_writes_do_n
         obj(6, abort),  # (a release aborted before it started has no traffic to cut either)
     )
     assert seen(bodies) == [
-        (True, False), (False, False), (True, True), (False, False), (True, False), (True, False),
-    ]  # fmt: skip
+        (True, False),
+        (False, False),
+        (True, True),
+        (False, False),
+        (True, False),
+        (True, False),
+    ]
 
 
 def obj(rv: int, annotations: dict[str, str], status: dict | None = None, generation: int = 1) -> dict:
-    meta = {"name": "web", "namespace": "shop", "uid": "u1", "generation": generation, "resourceVersion": str(rv),
-            "annotations": annotations}  # fmt: skip
+    meta = {
+        "name": "web",
+        "namespace": "shop",
+        "uid": "u1",
+        "generation": generation,
+        "resourceVersion": str(rv),
+        "annotations": annotations,
+    }
     return {"metadata": meta, "spec": {}, "status": status or {}}
 
 

@@ -89,14 +89,16 @@ def _serve(with_prometheus: bool, with_dataplane: bool) -> int:
             prom = PrometheusStack(run_dir() / "prometheus")
             prom.start()
             state["pids"].update(prom.pids())
-            state.update(prometheus_url=prom.url, exporter_url=prom.exporter_url,
-                         scrape_targets_file=str(prom.targets_file))  # fmt: skip
+            state.update(
+                prometheus_url=prom.url, exporter_url=prom.exporter_url, scrape_targets_file=str(prom.targets_file)
+            )
         if with_dataplane:
             dataplane = DataPlane(cluster, run_dir() / "dataplane", prom)
             dataplane.start()
             state["pids"].update(dataplane.pids())
-            state.update(gateway_url=dataplane.gateway_url, gateway=dataplane.gateway,
-                         traefik_metrics_url=dataplane.metrics_url)  # fmt: skip
+            state.update(
+                gateway_url=dataplane.gateway_url, gateway=dataplane.gateway, traefik_metrics_url=dataplane.metrics_url
+            )
         tmp = _state_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(_state_file())
@@ -142,11 +144,20 @@ def cmd_up(with_prometheus: bool, with_dataplane: bool, timeout: float) -> int:
     started = time.monotonic()
     with open(log, "wb") as out:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "e2e.cluster", "_serve", *(["--with-prometheus"] if with_prometheus else []),
-             *(["--with-dataplane"] if with_dataplane else [])],
-            cwd=HERE.parent, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "e2e.cluster",
+                "_serve",
+                *(["--with-prometheus"] if with_prometheus else []),
+                *(["--with-dataplane"] if with_dataplane else []),
+            ],
+            cwd=HERE.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # detached: survives the shell that ran `up`
-        )  # fmt: skip
+        )
     print(f"starting the local cluster (log: {log})", file=sys.stderr)
     deadline = time.monotonic() + timeout
     while True:
@@ -211,14 +222,21 @@ def cmd_add_scrape_target(host_port: str, job: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the local cluster in the background")
-    up.add_argument("--with-prometheus", action="store_true",
-                    help="also start Prometheus and the test exporter (needs /usr/bin/prometheus)")  # fmt: skip
-    up.add_argument("--with-dataplane", action="store_true",
-                    help="also Prometheus, Traefik with the Gateway API, and pods that answer HTTP (needs root)")
+    up.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also start Prometheus and the test exporter (needs /usr/bin/prometheus)",
+    )
+    up.add_argument(
+        "--with-dataplane",
+        action="store_true",
+        help="also Prometheus, Traefik with the Gateway API, and pods that answer HTTP (needs root)",
+    )
     up.add_argument("--timeout", type=float, default=120.0)
     sub.add_parser("down", help="stop the local cluster and remove its files")
     sub.add_parser("status", help="print the export lines of the running local cluster")

@@ -56,15 +56,20 @@ def find_kubectl() -> str:
     return found
 
 
-
 def _b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
 def write_kubeconfig(
-    path: Path, server: str, ca: Path, *, cert: Path | None = None, key: Path | None = None,
-    token: str | None = None, user: str = "admin",
-) -> Path:  # fmt: skip
+    path: Path,
+    server: str,
+    ca: Path,
+    *,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+    user: str = "admin",
+) -> Path:
     """A kubeconfig with everything embedded, so the file can be copied elsewhere."""
     creds: dict[str, str] = {}
     if cert is not None and key is not None:
@@ -128,12 +133,11 @@ class Cluster:
         refuses pods before the controller-manager has created it)."""
         wait_until(
             lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
-            timeout, f"ServiceAccount {namespace}/default",
-        )  # fmt: skip
+            timeout,
+            f"ServiceAccount {namespace}/default",
+        )
 
-    def service_account_kubeconfig(
-        self, namespace: str, name: str, path: Path, duration: str = "2h"
-    ) -> Path:
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path, duration: str = "2h") -> Path:
         """Writes a kubeconfig that authenticates as ServiceAccount namespace/name with a token from the
         TokenRequest API (`kubectl create token`), as a controller running in a pod would."""
         token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}").stdout.strip()
@@ -150,10 +154,11 @@ class Cluster:
             "kind": "Config",
             "clusters": [{"name": "cluster", "cluster": cluster_entry}],
             "users": [{"name": f"{namespace}-{name}", "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "cluster", "user": f"{namespace}-{name}",
-                                                    "namespace": namespace}}],
+            "contexts": [
+                {"name": "sa", "context": {"cluster": "cluster", "user": f"{namespace}-{name}", "namespace": namespace}}
+            ],
             "current-context": "sa",
-        }  # fmt: skip
+        }
         path.write_text(json.dumps(config, indent=2))
         path.chmod(0o600)
         return path
@@ -170,9 +175,7 @@ class Cluster:
             if family.name != "apiserver_request":
                 continue
             for sample in family.samples:
-                if sample.name.endswith("_total") and all(
-                    sample.labels.get(k) in v for k, v in wanted.items()
-                ):
+                if sample.name.endswith("_total") and all(sample.labels.get(k) in v for k, v in wanted.items()):
                     total += sample.value
         return total
 
@@ -181,9 +184,11 @@ def kubeconfig_reachable(kubeconfig: Path | str, kubectl_path: str | None = None
     try:
         proc = subprocess.run(
             [kubectl_path or find_kubectl(), "get", "--raw", "/readyz", "--request-timeout=5s"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
             env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-        )  # fmt: skip
+        )
     except (subprocess.TimeoutExpired, OSError):
         return False
     return proc.returncode == 0 and proc.stdout.strip() == "ok"
@@ -201,7 +206,6 @@ def external_cluster() -> Cluster | None:
         "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
     ).stdout
     return cluster
-
 
 
 # --- the local control plane -----------------------------------------------------------------------------
@@ -244,8 +248,11 @@ class LocalCluster(Cluster):
         reserved port and the component binding it) makes the whole start run once more, on new ports."""
         deadline = time.monotonic() + timeout
         try:
-            missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-                       if not (self.bin / b).is_file()]  # fmt: skip
+            missing = [
+                b
+                for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+                if not (self.bin / b).is_file()
+            ]
             if missing:
                 raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run e2e/build/build.sh first")
             if self.pod_slot is None:
@@ -363,19 +370,23 @@ class LocalCluster(Cluster):
 
     def _start_etcd(self, deadline: float) -> None:
         p = self.ports
-        proc = self._spawn("etcd", [
-            str(self.bin / "etcd"),
-            "--name=e2e",
-            f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
-            f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
-            f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
-            f"--initial-cluster=e2e=http://127.0.0.1:{p['etcd-peer']}",
-            "--unsafe-no-fsync",  # test data: durability is worth nothing, speed is
-            "--quota-backend-bytes=1073741824",
-            "--log-level=warn",
-        ], ports=("etcd", "etcd-peer"))  # fmt: skip
+        proc = self._spawn(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--name=e2e",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
+                f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+                f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                f"--initial-cluster=e2e=http://127.0.0.1:{p['etcd-peer']}",
+                "--unsafe-no-fsync",  # test data: durability is worth nothing, speed is
+                "--quota-backend-bytes=1073741824",
+                "--log-level=warn",
+            ],
+            ports=("etcd", "etcd-peer"),
+        )
 
         def probe() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{p['etcd']}/health", timeout=2) as resp:
@@ -386,56 +397,58 @@ class LocalCluster(Cluster):
     def _start_apiserver(self, deadline: float) -> None:
         assert self._pki is not None and self._admin_ctx is not None
         pki, p = self._pki, self.ports
-        proc = self._spawn("kube-apiserver", [
-            str(self.bin / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={p['apiserver']}",
-            f"--cert-dir={self.workdir / 'apiserver'}",
-            f"--tls-cert-file={pki.apiserver.cert}",
-            f"--tls-private-key-file={pki.apiserver.key}",
-            f"--client-ca-file={pki.ca.cert}",
-            # The aggregation layer's front proxy: without it, every component logs errors about the
-            # missing requestheader CA, and aggregated APIs (metrics-server and the like) cannot be added.
-            f"--requestheader-client-ca-file={pki.ca.cert}",
-            "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={pki.clients['front-proxy'].cert}",
-            f"--proxy-client-key-file={pki.clients['front-proxy'].key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            # Real authorization, so the controller's RBAC is exercised when it runs as a ServiceAccount.
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--event-ttl=1h",
-            # Lists and watches filtered by a hash of the namespace (alpha since 1.36): what a controller
-            # run with --shards N asks for.
-            "--feature-gates=ShardedListAndWatch=true",
-            # Writes only, with the request body (e2e/reliability.py counts the controller's writes by
-            # user agent); see write_audit_policy() for what is left out.
-            f"--audit-policy-file={self.audit_policy(self.workdir / 'audit-policy.yaml')}",
-            f"--audit-log-path={self.audit_log}",
-            "--audit-log-format=json",
-            # 200 MB a file and four rotated backups kept (e2e/reliability.py reads them all): a
-            # benchmark at N = 3,000 writes more than 200 MB.
-            "--audit-log-maxsize=200",
-            "--audit-log-maxbackup=4",
-            "--v=0",
-        ], ports=("apiserver",))  # fmt: skip
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['apiserver']}",
+                f"--cert-dir={self.workdir / 'apiserver'}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                # The aggregation layer's front proxy: without it, every component logs errors about the
+                # missing requestheader CA, and aggregated APIs (metrics-server and the like) cannot be added.
+                f"--requestheader-client-ca-file={pki.ca.cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.clients['front-proxy'].cert}",
+                f"--proxy-client-key-file={pki.clients['front-proxy'].key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                # Real authorization, so the controller's RBAC is exercised when it runs as a ServiceAccount.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--event-ttl=1h",
+                # Lists and watches filtered by a hash of the namespace (alpha since 1.36): what a controller
+                # run with --shards N asks for.
+                "--feature-gates=ShardedListAndWatch=true",
+                # Writes only, with the request body (e2e/reliability.py counts the controller's writes by
+                # user agent); see write_audit_policy() for what is left out.
+                f"--audit-policy-file={self.audit_policy(self.workdir / 'audit-policy.yaml')}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                # 200 MB a file and four rotated backups kept (e2e/reliability.py reads them all): a
+                # benchmark at N = 3,000 writes more than 200 MB.
+                "--audit-log-maxsize=200",
+                "--audit-log-maxbackup=4",
+                "--v=0",
+            ],
+            ports=("apiserver",),
+        )
         self._wait_apiserver_ready(proc, deadline)
 
     def _wait_apiserver_ready(self, proc: Process, deadline: float) -> None:
         ctx = self._admin_ctx
         assert ctx is not None
-        self._wait_healthy(
-            proc, lambda: _https_get(f"{self.server}/readyz", ctx)[0] == 200, deadline
-        )
+        self._wait_healthy(proc, lambda: _https_get(f"{self.server}/readyz", ctx)[0] == 200, deadline)
 
     @property
     def audit_log(self) -> Path:
@@ -480,61 +493,77 @@ class LocalCluster(Cluster):
     def _start_controller_manager(self) -> None:
         assert self._pki is not None
         kc, pki = self._component_kubeconfig("kcm"), self._pki
-        self._spawn("kube-controller-manager", [
-            str(self.bin / "kube-controller-manager"),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports['kcm']}",
-            f"--cert-dir={self.workdir / 'kcm'}",
-            "--leader-elect=false",
-            "--controllers=*",
-            # Each controller acts as its own ServiceAccount, as in kubeadm clusters.
-            "--use-service-account-credentials=true",
-            f"--service-account-private-key-file={pki.sa_key}",
-            f"--root-ca-file={pki.ca.cert}",  # published as ConfigMap kube-root-ca.crt in every namespace
-            f"--cluster-signing-cert-file={pki.ca.cert}",
-            f"--cluster-signing-key-file={pki.ca.key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # The defaults (20 qps) make a 30-replica rollout crawl; this is a one-tenant test cluster.
-            "--kube-api-qps=200",
-            "--kube-api-burst=400",
-            "--profiling=false",
-            "--v=0",
-        ], ports=("kcm",))  # fmt: skip
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['kcm']}",
+                f"--cert-dir={self.workdir / 'kcm'}",
+                "--leader-elect=false",
+                "--controllers=*",
+                # Each controller acts as its own ServiceAccount, as in kubeadm clusters.
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca.cert}",  # published as ConfigMap kube-root-ca.crt in every namespace
+                f"--cluster-signing-cert-file={pki.ca.cert}",
+                f"--cluster-signing-key-file={pki.ca.key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # The defaults (20 qps) make a 30-replica rollout crawl; this is a one-tenant test cluster.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--profiling=false",
+                "--v=0",
+            ],
+            ports=("kcm",),
+        )
 
     def _start_scheduler(self) -> None:
         kc = self._component_kubeconfig("scheduler")
         config = self.workdir / "scheduler.yaml"
-        config.write_text(json.dumps({
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": kc, "qps": 200, "burst": 400},
-            "leaderElection": {"leaderElect": False},
-        }))  # fmt: skip
-        self._spawn("kube-scheduler", [
-            str(self.bin / "kube-scheduler"),
-            f"--config={config}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports['scheduler']}",
-            f"--cert-dir={self.workdir / 'scheduler'}",
-            "--profiling=false",
-            "--v=0",
-        ], ports=("scheduler",))  # fmt: skip
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": kc, "qps": 200, "burst": 400},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--config={config}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                f"--cert-dir={self.workdir / 'scheduler'}",
+                "--profiling=false",
+                "--v=0",
+            ],
+            ports=("scheduler",),
+        )
 
     def _start_kwok(self) -> None:
-        self._spawn("kwok", [
-            str(self.bin / "kwok"),
-            f"--kubeconfig={self._component_kubeconfig('kwok')}",
-            "--manage-all-nodes=true",
-            f"--cidr={self.pod_cidr}",
-            "--node-ip=10.240.0.10",
-            f"--server-address=127.0.0.1:{self.ports['kwok']}",
-            *[arg for stage in KWOK_STAGES for arg in ("-c", str(stage))],
-        ], ports=("kwok",))  # fmt: skip
+        self._spawn(
+            "kwok",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self._component_kubeconfig('kwok')}",
+                "--manage-all-nodes=true",
+                f"--cidr={self.pod_cidr}",
+                "--node-ip=10.240.0.10",
+                f"--server-address=127.0.0.1:{self.ports['kwok']}",
+                *[arg for stage in KWOK_STAGES for arg in ("-c", str(stage))],
+            ],
+            ports=("kwok",),
+        )
 
     def _api(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
         assert self._admin_ctx is not None
@@ -588,17 +617,21 @@ class LocalCluster(Cluster):
         insecure.verify_mode = ssl.CERT_NONE  # the components' self-signed serving certs, on loopback
 
         checks: dict[str, Callable[[], bool]] = {
-            "kube-scheduler": lambda: _https_get(
-                f"https://127.0.0.1:{self.ports['scheduler']}/healthz", insecure)[0] == 200,
-            "kube-controller-manager": lambda: _https_get(
-                f"https://127.0.0.1:{self.ports['kcm']}/healthz", insecure)[0] == 200,
+            "kube-scheduler": lambda: (
+                _https_get(f"https://127.0.0.1:{self.ports['scheduler']}/healthz", insecure)[0] == 200
+            ),
+            "kube-controller-manager": lambda: (
+                _https_get(f"https://127.0.0.1:{self.ports['kcm']}/healthz", insecure)[0] == 200
+            ),
             "kwok": lambda: _https_get(f"http://127.0.0.1:{self.ports['kwok']}/healthz", insecure)[0] == 200,
-            "ServiceAccount default/default":
-                lambda: self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
-            "ConfigMap default/kube-root-ca.crt":
-                lambda: self._api("GET", "/api/v1/namespaces/default/configmaps/kube-root-ca.crt")[0] == 200,
+            "ServiceAccount default/default": lambda: (
+                self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+            ),
+            "ConfigMap default/kube-root-ca.crt": lambda: (
+                self._api("GET", "/api/v1/namespaces/default/configmaps/kube-root-ca.crt")[0] == 200
+            ),
             "nodes Ready": self._nodes_ready,
-        }  # fmt: skip
+        }
         pending = dict(checks)
 
         def all_done() -> bool:
@@ -642,11 +675,9 @@ def write_audit_policy(path: Path) -> Path:
     return path
 
 
-
 def start_local_cluster(timeout: float = 90.0) -> LocalCluster:
     """A fresh cluster in a new temporary directory; call .stop() to remove both."""
     sweep_stale_workdirs()
     cluster = LocalCluster(new_workdir("greyrelease-cluster-"))
     cluster.start(timeout=timeout)
     return cluster
-

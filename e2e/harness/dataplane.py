@@ -60,18 +60,41 @@ RBAC_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["services", "secrets", "configmaps"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses", "ingressclasses"],
-     "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["ingresses", "ingressclasses"],
+        "verbs": ["get", "list", "watch"],
+    },
     {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses/status"], "verbs": ["update"]},
-    {"apiGroups": ["gateway.networking.k8s.io"],
-     "resources": ["gatewayclasses", "gateways", "httproutes", "grpcroutes", "tcproutes", "tlsroutes",
-                   "referencegrants", "backendtlspolicies"],
-     "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["gateway.networking.k8s.io"],
-     "resources": ["gatewayclasses/status", "gateways/status", "httproutes/status", "grpcroutes/status",
-                   "tcproutes/status", "tlsroutes/status", "referencegrants/status", "backendtlspolicies/status"],
-     "verbs": ["update"]},
-]  # fmt: skip
+    {
+        "apiGroups": ["gateway.networking.k8s.io"],
+        "resources": [
+            "gatewayclasses",
+            "gateways",
+            "httproutes",
+            "grpcroutes",
+            "tcproutes",
+            "tlsroutes",
+            "referencegrants",
+            "backendtlspolicies",
+        ],
+        "verbs": ["get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["gateway.networking.k8s.io"],
+        "resources": [
+            "gatewayclasses/status",
+            "gateways/status",
+            "httproutes/status",
+            "grpcroutes/status",
+            "tcproutes/status",
+            "tlsroutes/status",
+            "referencegrants/status",
+            "backendtlspolicies/status",
+        ],
+        "verbs": ["update"],
+    },
+]
 
 
 def traefik_binary() -> Path:
@@ -106,22 +129,48 @@ def _objects(web_port: int) -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GATEWAY_NAMESPACE}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SERVICE_ACCOUNT, **meta}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "e2e-traefik"}, "rules": RBAC_RULES},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "e2e-traefik"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-traefik"},
-         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": GATEWAY_NAMESPACE}]},
-        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-         "metadata": {"name": GATEWAY_CLASS}, "spec": {"controllerName": GATEWAY_CONTROLLER}},
-        {"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
-         "metadata": {"name": INGRESS_CLASS}, "spec": {"controller": INGRESS_CONTROLLER}},
-        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-         "metadata": {"name": GATEWAY_NAME, **meta},
-         "spec": {"gatewayClassName": GATEWAY_CLASS,
-                  "listeners": [{"name": "web", "protocol": "HTTP", "port": web_port,
-                                 "allowedRoutes": {"namespaces": {"from": "All"}}}]}},
-    ]  # fmt: skip
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "e2e-traefik"},
+            "rules": RBAC_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "e2e-traefik"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-traefik"},
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": GATEWAY_NAMESPACE}],
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": GATEWAY_CLASS},
+            "spec": {"controllerName": GATEWAY_CONTROLLER},
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "IngressClass",
+            "metadata": {"name": INGRESS_CLASS},
+            "spec": {"controller": INGRESS_CONTROLLER},
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": GATEWAY_NAME, **meta},
+            "spec": {
+                "gatewayClassName": GATEWAY_CLASS,
+                "listeners": [
+                    {
+                        "name": "web",
+                        "protocol": "HTTP",
+                        "port": web_port,
+                        "allowedRoutes": {"namespaces": {"from": "All"}},
+                    }
+                ],
+            },
+        },
+    ]
 
 
 class DataPlane:
@@ -181,10 +230,15 @@ class DataPlane:
             held = reserve_ports(2)
             self.web_port, self.admin_port = (int(s.getsockname()[1]) for s in held)
             install_gateway_api_crds(self.cluster)
-            self.cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                        "items": _objects(self.web_port)}))  # fmt: skip
-            token = self.cluster.kubectl("create", "token", SERVICE_ACCOUNT, "-n", GATEWAY_NAMESPACE,
-                                         "--duration=8760h").stdout.strip()  # fmt: skip
+            self.cluster.kubectl(
+                "apply",
+                "-f",
+                "-",
+                input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _objects(self.web_port)}),
+            )
+            token = self.cluster.kubectl(
+                "create", "token", SERVICE_ACCOUNT, "-n", GATEWAY_NAMESPACE, "--duration=8760h"
+            ).stdout.strip()
             token_file = self.workdir / "token"
             token_file.write_text(token)
             token_file.chmod(0o600)
@@ -216,10 +270,22 @@ class DataPlane:
     # Steps ----------------------------------------------------------------------------------------------
 
     def _start_responders(self) -> None:
-        proc = Process("responders", [
-            sys.executable, "-m", "e2e.harness.responders", "--kubeconfig", str(self.cluster.kubeconfig),
-            "--netns", self.network.slot.netns, "--pod-cidr", self.cluster.pod_cidr,
-        ], self.workdir / "logs" / "responders.log", cwd=HERE.parent)  # fmt: skip
+        proc = Process(
+            "responders",
+            [
+                sys.executable,
+                "-m",
+                "e2e.harness.responders",
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "--netns",
+                self.network.slot.netns,
+                "--pod-cidr",
+                self.cluster.pod_cidr,
+            ],
+            self.workdir / "logs" / "responders.log",
+            cwd=HERE.parent,
+        )
         proc.start()
         self.processes.append(proc)
 
@@ -228,33 +294,41 @@ class DataPlane:
         # client certificate). We give it a ServiceAccount token (TokenRequest API) bound to the RBAC its
         # documentation lists, rather than `kubectl proxy` in front of the API server: no extra process in
         # the path of every watch event, and Traefik runs with the rights it would have in a cluster.
-        client = {"endpoint": self.cluster.server, "token": str(token_file),
-                  "certAuthFilePath": str(self.cluster.ca_cert)}  # fmt: skip
+        client = {
+            "endpoint": self.cluster.server,
+            "token": str(token_file),
+            "certAuthFilePath": str(self.cluster.ca_cert),
+        }
         provider_args = [
             f"--providers.{provider}.{key}={value}"
-            for provider in ("kubernetesgateway", "kubernetesingress") for key, value in client.items()
+            for provider in ("kubernetesgateway", "kubernetesingress")
+            for key, value in client.items()
         ]
-        proc = Process("traefik", [
-            str(binary),
-            "--global.checkNewVersion=false",
-            "--global.sendAnonymousUsage=false",
-            f"--entryPoints.web.address=127.0.0.1:{self.web_port}",
-            f"--entryPoints.admin.address=127.0.0.1:{self.admin_port}",
-            "--ping=true",
-            "--ping.entryPoint=admin",
-            "--metrics.prometheus=true",
-            "--metrics.prometheus.entryPoint=admin",
-            "--metrics.prometheus.addEntryPointsLabels=true",
-            "--metrics.prometheus.addServicesLabels=true",
-            f"--metrics.prometheus.buckets={','.join(f'{b:g}' for b in LATENCY_BUCKETS)}",
-            f"--providers.providersThrottleDuration={PROVIDERS_THROTTLE}",
-            "--providers.kubernetesgateway=true",
-            "--providers.kubernetesgateway.statusAddress.ip=127.0.0.1",
-            "--providers.kubernetesingress=true",
-            f"--providers.kubernetesingress.ingressClass={INGRESS_CLASS}",
-            *provider_args,
-            "--log.level=INFO",
-        ], self.workdir / "logs" / "traefik.log")  # fmt: skip
+        proc = Process(
+            "traefik",
+            [
+                str(binary),
+                "--global.checkNewVersion=false",
+                "--global.sendAnonymousUsage=false",
+                f"--entryPoints.web.address=127.0.0.1:{self.web_port}",
+                f"--entryPoints.admin.address=127.0.0.1:{self.admin_port}",
+                "--ping=true",
+                "--ping.entryPoint=admin",
+                "--metrics.prometheus=true",
+                "--metrics.prometheus.entryPoint=admin",
+                "--metrics.prometheus.addEntryPointsLabels=true",
+                "--metrics.prometheus.addServicesLabels=true",
+                f"--metrics.prometheus.buckets={','.join(f'{b:g}' for b in LATENCY_BUCKETS)}",
+                f"--providers.providersThrottleDuration={PROVIDERS_THROTTLE}",
+                "--providers.kubernetesgateway=true",
+                "--providers.kubernetesgateway.statusAddress.ip=127.0.0.1",
+                "--providers.kubernetesingress=true",
+                f"--providers.kubernetesingress.ingressClass={INGRESS_CLASS}",
+                *provider_args,
+                "--log.level=INFO",
+            ],
+            self.workdir / "logs" / "traefik.log",
+        )
         proc.start()
         self.processes.append(proc)
 
@@ -280,27 +354,51 @@ class DataPlane:
 
 
 def answering_app(
-    name: str, replicas: int, image: str = "registry.example/app:v1", *, port: int = 8080, grace_seconds: int = 5,
+    name: str,
+    replicas: int,
+    image: str = "registry.example/app:v1",
+    *,
+    port: int = 8080,
+    grace_seconds: int = 5,
     labels: dict[str, str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """A Deployment whose pods answer HTTP on `port` (Ready only once they do) and its Service (port 80),
     as a `kind: List` to `kubectl apply`. The grace period is how long a deleted pod keeps answering."""
     labels = {"app": name, **(labels or {})}
-    return {"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
-         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                  "template": {"metadata": {"labels": labels},
-                               "spec": {"containers": [{"name": "app", "image": image,
-                                                        "ports": [{"containerPort": port, "name": "http"}]}],
-                                        "readinessGates": [serving_gate()],
-                                        "terminationGracePeriodSeconds": grace_seconds}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-         "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": "http", "name": "http"}]}},
-    ]}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "containers": [
+                                {"name": "app", "image": image, "ports": [{"containerPort": port, "name": "http"}]}
+                            ],
+                            "readinessGates": [serving_gate()],
+                            "terminationGracePeriodSeconds": grace_seconds,
+                        },
+                    },
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name},
+                "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": "http", "name": "http"}]},
+            },
+        ],
+    }
 
 
 def serving_gate() -> dict[str, str]:
     """The readiness gate a pod template lists so its pods become Ready only once their responder listens
     (see e2e/harness/responders.py): `spec.readinessGates: [serving_gate()]`."""
     return {"conditionType": GATE}
-

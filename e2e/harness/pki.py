@@ -44,9 +44,23 @@ def _signed(ca: KeyPair, dest: Path, name: str, subject: str, extensions: list[s
     _ec_key(key)
     ext_args = [arg for ext in extensions for arg in ("-addext", ext)]
     _openssl(
-        "req", "-new", "-x509", "-key", str(key), "-out", str(cert), "-days", str(VALID_DAYS),
-        "-subj", subject, "-CA", str(ca.cert), "-CAkey", str(ca.key), *ext_args,
-    )  # fmt: skip
+        "req",
+        "-new",
+        "-x509",
+        "-key",
+        str(key),
+        "-out",
+        str(cert),
+        "-days",
+        str(VALID_DAYS),
+        "-subj",
+        subject,
+        "-CA",
+        str(ca.cert),
+        "-CAkey",
+        str(ca.key),
+        *ext_args,
+    )
     return KeyPair(cert=cert, key=key)
 
 
@@ -57,11 +71,22 @@ def create_pki(dest: Path, clients: dict[str, tuple[str, str | None]], service_i
     ca = KeyPair(cert=dest / "ca.crt", key=dest / "ca.key")
     _ec_key(ca.key)
     _openssl(
-        "req", "-new", "-x509", "-key", str(ca.key), "-out", str(ca.cert), "-days", str(VALID_DAYS),
-        "-subj", "/CN=greyrelease-e2e-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-    )  # fmt: skip
+        "req",
+        "-new",
+        "-x509",
+        "-key",
+        str(ca.key),
+        "-out",
+        str(ca.cert),
+        "-days",
+        str(VALID_DAYS),
+        "-subj",
+        "/CN=greyrelease-e2e-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+    )
     sans = ",".join(
         [
             "IP:127.0.0.1",
@@ -74,18 +99,27 @@ def create_pki(dest: Path, clients: dict[str, tuple[str, str | None]], service_i
         ]
     )
     apiserver = _signed(
-        ca, dest, "apiserver", "/CN=kube-apiserver",
-        ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
-         "extendedKeyUsage=serverAuth", f"subjectAltName={sans}"],
-    )  # fmt: skip
+        ca,
+        dest,
+        "apiserver",
+        "/CN=kube-apiserver",
+        [
+            "basicConstraints=critical,CA:FALSE",
+            "keyUsage=critical,digitalSignature",
+            "extendedKeyUsage=serverAuth",
+            f"subjectAltName={sans}",
+        ],
+    )
     issued: dict[str, KeyPair] = {}
     for name, (user, group) in clients.items():
         subject = f"/CN={user}" + (f"/O={group}" if group else "")
         issued[name] = _signed(
-            ca, dest, f"client-{name}", subject,
-            ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
-             "extendedKeyUsage=clientAuth"],
-        )  # fmt: skip
+            ca,
+            dest,
+            f"client-{name}",
+            subject,
+            ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature", "extendedKeyUsage=clientAuth"],
+        )
     sa_key, sa_pub = dest / "sa.key", dest / "sa.pub"
     _ec_key(sa_key)
     _openssl("pkey", "-in", str(sa_key), "-pubout", "-out", str(sa_pub))

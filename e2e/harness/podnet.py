@@ -88,9 +88,7 @@ def claim_slot() -> PodNetSlot:
             with os.fdopen(fd, "w") as out:
                 out.write(str(os.getpid()))
             return PodNetSlot(index)
-    raise RuntimeError(
-        f"all {SLOTS} pod network slots in {directory} are held by running clusters; stop one of them"
-    )
+    raise RuntimeError(f"all {SLOTS} pod network slots in {directory} are held by running clusters; stop one of them")
 
 
 def release_slot(slot: PodNetSlot) -> None:
@@ -123,7 +121,7 @@ def sweep_stale_netns() -> None:
     run_netns = Path("/run/netns")
     if run_netns.is_dir():
         for entry in run_netns.glob(f"{NETNS_PREFIX}*"):
-            owner = _slot_owner(slots_dir() / f"slot-{entry.name[len(NETNS_PREFIX):]}")
+            owner = _slot_owner(slots_dir() / f"slot-{entry.name[len(NETNS_PREFIX) :]}")
             if owner is None or not pid_alive(owner):
                 remove_netns(entry.name)
     for path in slots_dir().glob("slot-*"):

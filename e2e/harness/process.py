@@ -40,7 +40,6 @@ def run_dir() -> Path:
     return cache_dir() / "run"
 
 
-
 # --- small utilities ---------------------------------------------------------------------------------------
 
 
@@ -92,9 +91,7 @@ class ProcessDied(RuntimeError):
         self.port_in_use = "address already in use" in log
 
 
-def wait_until(
-    check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1
-) -> T:
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
     """Calls `check` until it returns something truthy (returned) or `timeout` seconds pass. Exceptions
     count as "not yet", except ProcessDied."""
     deadline = time.monotonic() + timeout
@@ -112,7 +109,6 @@ def wait_until(
             detail = f" (last error: {last_error})" if last_error else ""
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
         time.sleep(interval)
-
 
 
 # --- processes ---------------------------------------------------------------------------------------------
@@ -142,9 +138,14 @@ class Process:
             # Own process group: stop() can signal the component and anything it spawned, and a Ctrl-C in
             # the terminal reaches the test runner (which shuts down in order) rather than every component.
             self.popen = subprocess.Popen(
-                self.args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                process_group=0, preexec_fn=die_with_parent,
-            )  # fmt: skip
+                self.args,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=die_with_parent,
+            )
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -178,7 +179,6 @@ class Process:
                 continue
 
 
-
 # --- work directories ------------------------------------------------------------------------------------
 
 
@@ -210,7 +210,6 @@ def sweep_stale_workdirs() -> None:
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
-
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -219,4 +218,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-

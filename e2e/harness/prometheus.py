@@ -67,21 +67,25 @@ def query(prom_url: str, promql: str, timeout: float = 5.0) -> float | None:
 
 
 def wait_for_query(
-    prom_url: str, promql: str, expect: Expectation, timeout: float = 30.0,
-    rel_tolerance: float = 0.1, abs_tolerance: float = 1e-9, interval: float = 0.5,
-) -> float | None:  # fmt: skip
+    prom_url: str,
+    promql: str,
+    expect: Expectation,
+    timeout: float = 30.0,
+    rel_tolerance: float = 0.1,
+    abs_tolerance: float = 1e-9,
+    interval: float = 0.5,
+) -> float | None:
     """Polls `promql` until its value meets `expect`: a predicate on the value (None = no data), a
     number (equal within rel_tolerance / abs_tolerance), or None (no data). Returns the value; raises
     TimeoutError naming the last value seen."""
-    if callable(expect):
-        predicate = expect
-    elif expect is None:
-        predicate = lambda v: v is None  # noqa: E731
-    else:
-        target = float(expect)
-        predicate = lambda v: v is not None and math.isclose(  # noqa: E731
-            v, target, rel_tol=rel_tolerance, abs_tol=abs_tolerance
-        )
+
+    def predicate(v: float | None) -> bool:
+        if callable(expect):
+            return bool(expect(v))
+        if expect is None:
+            return v is None
+        return v is not None and math.isclose(v, float(expect), rel_tol=rel_tolerance, abs_tol=abs_tolerance)
+
     deadline = time.monotonic() + timeout
     last: float | None = None
     last_error: Exception | None = None
@@ -157,15 +161,19 @@ class PrometheusStack:
             self._wait_http(self._exporter, f"{self.exporter_url}/healthz", timeout)
         if self._prometheus is None or not self._prometheus.alive():
             self._write_config()
-            self._prometheus = Process("prometheus", [
-                self.prometheus_bin,
-                f"--config.file={self.workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-lifecycle",
-                "--storage.tsdb.retention.time=2h",
-                "--log.level=warn",
-            ], self.workdir / "logs" / "prometheus.log")  # fmt: skip
+            self._prometheus = Process(
+                "prometheus",
+                [
+                    self.prometheus_bin,
+                    f"--config.file={self.workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--web.enable-lifecycle",
+                    "--storage.tsdb.retention.time=2h",
+                    "--log.level=warn",
+                ],
+                self.workdir / "logs" / "prometheus.log",
+            )
             self._prometheus.start()
             self._wait_http(self._prometheus, f"{self.url}/-/ready", timeout)
             wait_for_query(self.url, 'up{job="exporter"}', 1, timeout=timeout, interval=0.2)
@@ -193,13 +201,26 @@ class PrometheusStack:
     # What tests use -------------------------------------------------------------------------------------
 
     def set_rates(
-        self, namespace: str, app: str, track: str, rps: float,
-        error_ratio: float = 0.0, latency_seconds: float = 0.05,
-    ) -> None:  # fmt: skip
-        self._exporter_call("POST", "/config", {
-            "namespace": namespace, "app": app, "track": track,
-            "rps": rps, "error_ratio": error_ratio, "latency_seconds": latency_seconds,
-        })  # fmt: skip
+        self,
+        namespace: str,
+        app: str,
+        track: str,
+        rps: float,
+        error_ratio: float = 0.0,
+        latency_seconds: float = 0.05,
+    ) -> None:
+        self._exporter_call(
+            "POST",
+            "/config",
+            {
+                "namespace": namespace,
+                "app": app,
+                "track": track,
+                "rps": rps,
+                "error_ratio": error_ratio,
+                "latency_seconds": latency_seconds,
+            },
+        )
 
     def reset(self, namespace: str | None = None, app: str | None = None, track: str | None = None) -> None:
         """Forgets every series, or the one of namespace/app/track."""
@@ -225,14 +246,19 @@ class PrometheusStack:
 
     def _write_config(self) -> None:
         config = {
-            "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
-                       "evaluation_interval": SCRAPE_INTERVAL},
+            "global": {
+                "scrape_interval": SCRAPE_INTERVAL,
+                "scrape_timeout": SCRAPE_INTERVAL,
+                "evaluation_interval": SCRAPE_INTERVAL,
+            },
             "scrape_configs": [
                 {"job_name": "exporter", "static_configs": [{"targets": [f"127.0.0.1:{self.exporter_port}"]}]},
-                {"job_name": "extra",
-                 "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": SCRAPE_INTERVAL}]},
+                {
+                    "job_name": "extra",
+                    "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": SCRAPE_INTERVAL}],
+                },
             ],
-        }  # fmt: skip
+        }
         (self.workdir / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
 
     def _wait_http(self, proc: Process, url: str, timeout: float) -> None:
@@ -248,8 +274,8 @@ class PrometheusStack:
 
     def _exporter_call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.exporter_url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{self.exporter_url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=5) as resp:
             return json.load(resp)
-

@@ -94,9 +94,14 @@ class Supervisor:
         self.gate_set: set[str] = set()
         self.patcher = ThreadPoolExecutor(4, thread_name_prefix="gate")
         self.child = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=HERE.parent,
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            cwd=HERE.parent,
             preexec_fn=die_with_parent,
-        )  # fmt: skip
+        )
         threading.Thread(target=self._read_events, name="events", daemon=True).start()
 
     # Commands ------------------------------------------------------------------------------------------
@@ -134,11 +139,17 @@ class Supervisor:
                     self._send({"op": "stop", "uid": uid, "after": 0})
                 return
             if uid not in self.served:
-                self._send({
-                    "op": "serve", "uid": uid, "ip": ip, "port": first_port(pod), "pod": meta.get("name"),
-                    "namespace": meta.get("namespace"),
-                    "image": ((pod["spec"].get("containers") or [{}])[0]).get("image", ""),
-                })  # fmt: skip
+                self._send(
+                    {
+                        "op": "serve",
+                        "uid": uid,
+                        "ip": ip,
+                        "port": first_port(pod),
+                        "pod": meta.get("name"),
+                        "namespace": meta.get("namespace"),
+                        "image": ((pod["spec"].get("containers") or [{}])[0]).get("image", ""),
+                    }
+                )
             self.served[uid] = pod
             if uid in self.listening and has_gate(pod) and not gate_passed(pod) and uid not in self.gate_set:
                 self._pass_gate(pod)
@@ -186,11 +197,13 @@ class Supervisor:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {"uid": meta["uid"]},  # a precondition: never the pod that now holds the name
-            "status": {"conditions": [
-                {"type": GATE, "status": "True", "lastTransitionTime": now},
-                {"type": "Ready", "status": "True", "lastTransitionTime": now, "reason": None, "message": None},
-            ]},
-        }  # fmt: skip
+            "status": {
+                "conditions": [
+                    {"type": GATE, "status": "True", "lastTransitionTime": now},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": now, "reason": None, "message": None},
+                ]
+            },
+        }
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
         try:
             self.client.patch(path, body, patch_type=STRATEGIC)
@@ -241,8 +254,11 @@ def run(client: KubeClient, supervisor: Supervisor) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.harness.responders", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.harness.responders",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--netns", required=True, help="the pod network's namespace (ip netns)")
     parser.add_argument("--pod-cidr", required=True)

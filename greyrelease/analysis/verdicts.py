@@ -95,8 +95,7 @@ def judge(metric: Metric, check: Check) -> tuple[CheckVerdict, str]:
         limit = base * (1 + metric.compare.max_increase)
         if value > limit:
             return CheckVerdict.FAIL, (
-                f"{_fmt(value)} > stable {_fmt(stable.value)} x {1 + metric.compare.max_increase:g} "
-                f"= {limit:.4g}"
+                f"{_fmt(value)} > stable {_fmt(stable.value)} x {1 + metric.compare.max_increase:g} = {limit:.4g}"
             )
     return CheckVerdict.PASS, f"{_fmt(value)} ok"
 

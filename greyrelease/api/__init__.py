@@ -21,7 +21,20 @@ from greyrelease.api.release import (
 )
 
 __all__ = [
-    "ABORT_ANNOTATION", "GROUP", "KIND", "PAUSE_ANNOTATION", "PLURAL", "PROMOTE_ANNOTATION", "RETRY_ANNOTATION",
-    "VERSION", "BatchState", "GreyRelease", "GreyReleasePolicy", "GreyReleasePolicySpec", "GreyReleaseSpec",
-    "GreyReleaseStatus", "Obj", "Phase",
-]  # fmt: skip
+    "ABORT_ANNOTATION",
+    "GROUP",
+    "KIND",
+    "PAUSE_ANNOTATION",
+    "PLURAL",
+    "PROMOTE_ANNOTATION",
+    "RETRY_ANNOTATION",
+    "VERSION",
+    "BatchState",
+    "GreyRelease",
+    "GreyReleasePolicy",
+    "GreyReleasePolicySpec",
+    "GreyReleaseSpec",
+    "GreyReleaseStatus",
+    "Obj",
+    "Phase",
+]

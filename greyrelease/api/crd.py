@@ -97,9 +97,17 @@ def schema_of(model: type[BaseModel], *, in_status: bool = False) -> Schema:
 
 
 def _definition(
-    *, kind: str, plural: str, singular: str, short: list[str], scope: str, description: str,
-    spec: Schema, status: Schema | None, columns: list[dict[str, Any]],
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    short: list[str],
+    scope: str,
+    description: str,
+    spec: Schema,
+    status: Schema | None,
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
     properties: Schema = {
         "apiVersion": {"type": "string"},
         "kind": {"type": "string"},
@@ -138,9 +146,14 @@ def crd() -> dict[str, Any]:
     status_schema = schema_of(GreyReleaseStatus, in_status=True)
     status_schema["description"] = "Where the release is; written by the controller only."
     return _definition(
-        kind=KIND, plural=PLURAL, singular=SINGULAR, short=SHORT_NAMES, scope="Namespaced",
+        kind=KIND,
+        plural=PLURAL,
+        singular=SINGULAR,
+        short=SHORT_NAMES,
+        scope="Namespaced",
         description="A progressive release of a new version of a Deployment, in batches.",
-        spec=spec_schema, status=status_schema,
+        spec=spec_schema,
+        status=status_schema,
         columns=[
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Batch", "type": "string", "jsonPath": ".status.batch"},
@@ -150,24 +163,28 @@ def crd() -> dict[str, Any]:
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
             {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         ],
-    )  # fmt: skip
+    )
 
 
 def policy_crd() -> dict[str, Any]:
     spec_schema = schema_of(GreyReleasePolicySpec)
     spec_schema["description"] = "Which releases it governs, and the rules they follow."
     return _definition(
-        kind=POLICY_KIND, plural=POLICY_PLURAL, singular=POLICY_SINGULAR, short=POLICY_SHORT_NAMES,
+        kind=POLICY_KIND,
+        plural=POLICY_PLURAL,
+        singular=POLICY_SINGULAR,
+        short=POLICY_SHORT_NAMES,
         scope="Cluster",
         description="Release windows, freezes and a concurrency limit for the GreyReleases it selects.",
-        spec=spec_schema, status=None,
+        spec=spec_schema,
+        status=None,
         columns=[
             {"name": "Namespaces", "type": "string", "jsonPath": ".spec.namespaces"},
             {"name": "Max", "type": "integer", "jsonPath": ".spec.concurrency.maxProgressing"},
             {"name": "Per", "type": "string", "jsonPath": ".spec.concurrency.per"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
-    )  # fmt: skip
+    )
 
 
 #: The files of ``crds/``, each generated from the models.

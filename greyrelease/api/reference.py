@@ -29,8 +29,14 @@ def _type(node: dict[str, Any]) -> str:
 
 def _limits(node: dict[str, Any]) -> str:
     parts = []
-    for key, label in (("minimum", ">="), ("maximum", "<="), ("minLength", "length >="), ("maxLength", "length <="),
-                       ("minItems", "items >="), ("maxItems", "items <=")):  # fmt: skip
+    for key, label in (
+        ("minimum", ">="),
+        ("maximum", "<="),
+        ("minLength", "length >="),
+        ("maxLength", "length <="),
+        ("minItems", "items >="),
+        ("maxItems", "items <="),
+    ):
         if key in node:
             parts.append(f"{label} {node[key]}")
     if "default" in node:

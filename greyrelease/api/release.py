@@ -95,9 +95,7 @@ def _camel(name: str) -> str:
 
 
 class _Camel(_Model):
-    model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, frozen=True, alias_generator=_camel
-    )
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, alias_generator=_camel)
 
 
 def _with_rules(*rules: JsonDict) -> ConfigDict:
@@ -130,9 +128,7 @@ Replicas = Annotated[
 
 class TargetRef(_Camel):
     kind: Literal["Deployment"] = Field("Deployment", description="Only Deployment is supported.")
-    name: str = Field(
-        min_length=1, max_length=253, pattern=NAME_PATTERN, description="The stable Deployment."
-    )
+    name: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN, description="The stable Deployment.")
 
 
 class Approval(_Camel):
@@ -160,8 +156,7 @@ class Batch(_Camel):
         None,
         ge=0,
         le=100,
-        description="Percent of traffic to the canary in this batch (router modes). "
-        "Defaults to the replica share.",
+        description="Percent of traffic to the canary in this batch (router modes). Defaults to the replica share.",
     )
     pause: PAUSE_TEXT | None = Field(
         None,
@@ -223,8 +218,7 @@ class GatewayRouting(_Camel):
 class TrafficRouting(_Camel):
     model_config = _with_rules(
         _cel(
-            "[has(self.service), has(self.nginx), has(self.gatewayAPI)]"
-            ".filter(x, x).size() == 1",
+            "[has(self.service), has(self.nginx), has(self.gatewayAPI)].filter(x, x).size() == 1",
             "exactly one of service, nginx or gatewayAPI must be set",
         )
     )
@@ -247,12 +241,8 @@ class ThresholdRange(_Camel):
 
 
 class Compare(_Camel):
-    max_increase: float = Field(
-        ge=0, description="Fail when canary > stable * (1 + maxIncrease)."
-    )
-    floor: float = Field(
-        0.0, ge=0, description="Stable values below this count as this (avoids 0 * anything)."
-    )
+    max_increase: float = Field(ge=0, description="Fail when canary > stable * (1 + maxIncrease).")
+    floor: float = Field(0.0, ge=0, description="Stable values below this count as this (avoids 0 * anything).")
 
 
 class Metric(_Camel):
@@ -262,8 +252,7 @@ class Metric(_Camel):
     query: str = Field(
         min_length=1,
         max_length=4096,
-        description="PromQL. Placeholders: {{namespace}}, {{name}}, {{track}}, {{version}}, "
-        "{{batch}}, {{app}}.",
+        description="PromQL. Placeholders: {{namespace}}, {{name}}, {{track}}, {{version}}, {{batch}}, {{app}}.",
     )
     threshold_range: ThresholdRange | None = Field(None, description="Absolute bounds of a passing value.")
     compare: Compare | None = Field(None, description="Judge the canary against the stable track.")
@@ -507,12 +496,8 @@ class GreyReleaseSpec(_Camel):
             ]
         },
     )
-    batch_size: int | None = Field(
-        None, ge=1, le=10000, description="Shorthand: canary replicas added per batch."
-    )
-    canary_weight: int | None = Field(
-        None, ge=0, le=100, description="Shorthand: traffic percent added per batch."
-    )
+    batch_size: int | None = Field(None, ge=1, le=10000, description="Shorthand: canary replicas added per batch.")
+    canary_weight: int | None = Field(None, ge=0, le=100, description="Shorthand: traffic percent added per batch.")
     pause: PAUSE_TEXT | None = Field(None, description="Shorthand: the pause of every batch but the last.")
     approval: Approval | None = Field(
         None,
@@ -521,8 +506,7 @@ class GreyReleaseSpec(_Camel):
     )
     traffic_routing: TrafficRouting | None = Field(
         None,
-        description="How traffic reaches the canary. Absent: only replicas move, and an abort "
-        "scales the canary away.",
+        description="How traffic reaches the canary. Absent: only replicas move, and an abort scales the canary away.",
     )
     analysis: Analysis | None = Field(None, description="Prometheus metrics that gate every batch.")
     progress_deadline_seconds: int = Field(
@@ -704,9 +688,7 @@ class Restore(_Camel):
 
 
 class GreyReleaseStatus(_Camel):
-    model_config = ConfigDict(
-        extra="ignore", populate_by_name=True, frozen=True, alias_generator=_camel
-    )
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True, alias_generator=_camel)
     phase: Phase | None = Field(None, description="Where the release is (see How a release moves).")
     message: str = Field("", description="What the release is doing or why it stopped, in words.")
     batch: str = Field("", description="currentBatch/totalBatches, for kubectl get.")

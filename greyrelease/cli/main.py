@@ -41,9 +41,13 @@ def _duration(seconds: float) -> str:
 
 
 def print_plan(
-    doc: dict[str, Any], replicas: int, out: TextIO = sys.stdout, *, start: datetime | None = None,
+    doc: dict[str, Any],
+    replicas: int,
+    out: TextIO = sys.stdout,
+    *,
+    start: datetime | None = None,
     rules: Rules | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """The batches of a release, and when each would start from ``start`` (default now) given its windows
     and freezes (and ``rules``: those of the policies that govern it)."""
     try:
@@ -57,8 +61,14 @@ def print_plan(
         return 2
     name = doc.get("metadata", {}).get("name", "?")
     routing = spec.traffic_routing
-    mode = "replica ratio" if routing is None else next(
-        k for k, v in (("service", routing.service), ("nginx", routing.nginx), ("gatewayAPI", routing.gateway_api)) if v
+    mode = (
+        "replica ratio"
+        if routing is None
+        else next(
+            k
+            for k, v in (("service", routing.service), ("nginx", routing.nginx), ("gatewayAPI", routing.gateway_api))
+            if v
+        )
     )
     print(f"GreyRelease {name}: {spec.target_version} over {replicas} replicas, traffic by {mode}", file=out)
     gates = ", ".join(m.name for m in spec.analysis.metrics) if spec.analysis else "-"
@@ -189,8 +199,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import os
 
     if args.shards > 1 and not args.leader_elect:
-        print("error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect", file=sys.stderr
+        )
         return 2
     from greyrelease.runtime import collector
 
@@ -247,9 +258,13 @@ async def _run(args: argparse.Namespace) -> int:
 
         try:
             return await run_sharded(
-                n=args.shards, namespaces=namespaces, governing=governing, lease_namespace=lease_ns,
-                lease_seconds=args.lease_seconds, state=state,
-            )  # fmt: skip
+                n=args.shards,
+                namespaces=namespaces,
+                governing=governing,
+                lease_namespace=lease_ns,
+                lease_seconds=args.lease_seconds,
+                state=state,
+            )
         finally:
             if health is not None:
                 await health.cleanup()
@@ -304,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--health-port", type=int, default=0, help="serve /healthz on this port")
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
     run.add_argument(
-        "--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="act only while holding the Lease greyrelease-controller (default: on)",
-    )  # fmt: skip
+    )
     run.add_argument(
         "--leader-election-namespace",
         help="namespace of the Lease, and of the slots of queues across namespaces (default: $POD_NAMESPACE, "
@@ -314,27 +331,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--lease-seconds", type=int, default=10, help="lease duration (failover bound)")
     run.add_argument(
-        "--shards", type=_positive, default=1, metavar="N",
+        "--shards",
+        type=_positive,
+        default=1,
+        metavar="N",
         help="split the releases by namespace into N shards, each driven by one replica that holds its Lease "
         "(run N or more replicas with the same N; needs the API server's sharded watches, Kubernetes 1.36+ "
         "with the ShardedListAndWatch feature gate); 1, the default, is one active replica and the Lease "
         "greyrelease-controller",
-    )  # fmt: skip
+    )
     run.add_argument(
-        "--max-progressing", type=_positive, metavar="K",
+        "--max-progressing",
+        type=_positive,
+        metavar="K",
         help="at most K releases progress at once in every namespace (a GreyReleasePolicy may set its own); "
         "the others are Queued in order of creation",
-    )  # fmt: skip
+    )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)
 
     plan = sub.add_parser("plan", help="show the batches of a GreyRelease without a cluster")
     plan.add_argument("-f", "--file", required=True, help="a YAML file with a GreyRelease ('-' for stdin)")
     plan.add_argument(
-        "--replicas", type=int,
+        "--replicas",
+        type=int,
         help="replicas of the target Deployment (given, nothing is read from the cluster: neither the Deployment "
         "nor the GreyReleasePolicies)",
-    )  # fmt: skip
+    )
     plan.add_argument("--start", help="when the release would be applied (RFC 3339; default: now)")
 
     plan.set_defaults(func=cmd_plan)

@@ -150,8 +150,10 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
     expires = parse_time(st.get("approvalExpiresAt"))
     if expires is not None and phase not in TERMINAL_PHASES:
         left = max(0, int((expires - now).total_seconds()))
-        lines.append(f"Approval:    {left // 3600}h{left % 3600 // 60:02d}m{left % 60:02d}s left (until "
-                     f"{st['approvalExpiresAt']})")  # fmt: skip
+        lines.append(
+            f"Approval:    {left // 3600}h{left % 3600 // 60:02d}m{left % 60:02d}s left (until "
+            f"{st['approvalExpiresAt']})"
+        )
     if st.get("queuePosition"):
         lines.append(f"Queue:       position {st['queuePosition']}")
     annotations = meta.get("annotations") or {}
@@ -165,14 +167,16 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
         lines.append("Metrics:")
         rows: list[tuple[str, ...]] = [("NAME", "VALUE", "STABLE", "VERDICT", "CHECKED", "MESSAGE")]
         for m in metrics:
-            rows.append((
-                str(m.get("name", "?")),
-                _number(m.get("value")),
-                _number(m.get("stableValue")),
-                str(m.get("verdict") or "Pending"),
-                age(m.get("checkedAt"), now),
-                str(m.get("message") or ""),
-            ))  # fmt: skip
+            rows.append(
+                (
+                    str(m.get("name", "?")),
+                    _number(m.get("value")),
+                    _number(m.get("stableValue")),
+                    str(m.get("verdict") or "Pending"),
+                    age(m.get("checkedAt"), now),
+                    str(m.get("message") or ""),
+                )
+            )
         lines.extend(_table(rows))
     shown = last_events(events)
     if shown:
@@ -410,4 +414,3 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

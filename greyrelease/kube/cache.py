@@ -257,9 +257,13 @@ class Reflector:
         while not self._stopping.is_set():
             # The API server may be away: list or watch again after a wait, from where the last watch got.
             retrying = Retrying(
-                wait=WATCH_RETRY_WAIT, retry=retry_if_exception_type(Exception), before_sleep=failed,
-                stop=lambda _: self._stopping.is_set(), sleep=self._pause, reraise=True,
-            )  # fmt: skip
+                wait=WATCH_RETRY_WAIT,
+                retry=retry_if_exception_type(Exception),
+                before_sleep=failed,
+                stop=lambda _: self._stopping.is_set(),
+                sleep=self._pause,
+                reraise=True,
+            )
             try:
                 retrying(self._follow)
             except Exception:  # stopped while failing

@@ -104,7 +104,11 @@ class KubeClient:
         return payload
 
     def watch(
-        self, path: str, *, resource_version: str | None, timeout_seconds: int = 290,
+        self,
+        path: str,
+        *,
+        resource_version: str | None,
+        timeout_seconds: int = 290,
         query: dict[str, str] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """The events of a watch of the collection ``path`` from ``resource_version``, as they come, until

@@ -117,7 +117,10 @@ def parse(p: str) -> Location | None:
     if m is None:
         return None
     return Location(
-        api=m["api"], plural=m["plural"], namespace=unquote(m["ns"] or ""), name=unquote(m["name"] or ""),
+        api=m["api"],
+        plural=m["plural"],
+        namespace=unquote(m["ns"] or ""),
+        name=unquote(m["name"] or ""),
         sub=m["sub"] or "",
     )
 
@@ -321,7 +324,8 @@ class MemoryKube:
             found = [
                 copy.deepcopy(o)
                 for (api, plural, ns, _), o in sorted(self._objects.items())
-                if (api, plural) == loc.collection and (not loc.namespace or ns == loc.namespace)
+                if (api, plural) == loc.collection
+                and (not loc.namespace or ns == loc.namespace)
                 and selects(label_selector, o["metadata"].get("labels") or {})
             ]
         return found

@@ -16,7 +16,6 @@ REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 CANARY_SUFFIX = "-canary"
 
 
-
 def canary_name(stable_name: str) -> str:
     return stable_name + CANARY_SUFFIX
 
@@ -92,9 +91,7 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_canary(
-    stable: Obj, release: Obj, *, image: str, version: str, replicas: int, container: str | None
-) -> Obj:
+def build_canary(stable: Obj, release: Obj, *, image: str, version: str, replicas: int, container: str | None) -> Obj:
     """The canary Deployment: the stable's pod template with ``image``, plus track and version labels.
 
     Its selector is the stable's plus ``greyrelease.io/track: canary``, so it never selects a stable

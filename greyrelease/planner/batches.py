@@ -105,8 +105,9 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
     rows: list[Row] = []
     if spec.batches is not None:
         for b in spec.batches:
-            rows.append((_resolve_replicas(b.replicas, total), b.weight, b.pause, b.header_match,
-                         b.approval or spec.approval))  # fmt: skip
+            rows.append(
+                (_resolve_replicas(b.replicas, total), b.weight, b.pause, b.header_match, b.approval or spec.approval)
+            )
     else:
         assert spec.batch_size is not None and spec.canary_weight is not None
         count = math.ceil(total / spec.batch_size)

@@ -662,8 +662,12 @@ def _between(p: _Pass) -> Then:
             p.set(last_promotion=f"full at {b.label} {fmt_time(p.now)}")
             p.event(R.PROMOTED, f"promote=full at {b.label}")
             return _start_promotion(p, len(b.steps))
-        p.event(R.WAITING, f"ignored greyrelease.io/promote={promote!r}: {b.label} passed already; the next "
-                "batch waits for its release window (promote=full goes on at once)", warning=True)  # fmt: skip
+        p.event(
+            R.WAITING,
+            f"ignored greyrelease.io/promote={promote!r}: {b.label} passed already; the next "
+            "batch waits for its release window (promote=full goes on at once)",
+            warning=True,
+        )
     hold = _rules(p).hold(p.now)
     if hold is not None:
         return _hold_between(p, b, hold)
@@ -725,9 +729,7 @@ def _target(p: _Pass) -> Workload | Then:
     target = p.world.target
     if target is not None:
         return target
-    return _roll_back(
-        p, Phase.FAILED, R.TARGET_DELETED, f"the target Deployment {p.status.target_name!r} is gone"
-    )
+    return _roll_back(p, Phase.FAILED, R.TARGET_DELETED, f"the target Deployment {p.status.target_name!r} is gone")
 
 
 def _count(p: _Pass, b: _Batch) -> None:
@@ -909,10 +911,12 @@ def _verify(p: _Pass) -> Then:
         deadline = p.deadline(st.next_check_at or st.batch_ready_at)
         if p.now >= deadline:
             return _roll_back(
-                p, Phase.FAILED, R.ANALYSIS_FAILED,
+                p,
+                Phase.FAILED,
+                R.ANALYSIS_FAILED,
                 f"{b.label}: no passing analysis within {p.spec.progress_deadline_seconds}s "
                 f"(progressDeadlineSeconds): {gate.message}",
-            )  # fmt: skip
+            )
         p.set(message=f"{b.label}: weight {step.weight}%, waiting for the analysis: {gate.message}")
         p.at(deadline)
         return WAIT

@@ -53,8 +53,14 @@ QUERY_ERRORS = Counter("greyrelease_prometheus_query_errors_total", "Prometheus 
 
 _ROLLED_BACK = (Phase.ROLLING_BACK, Phase.ABORTED, Phase.FAILED)
 _ROLLBACK_REASONS = {
-    R.ABORTED, R.PROGRESS_DEADLINE, R.ANALYSIS_FAILED, R.TARGET_DELETED, R.CANARY_CONFLICT,
-}  # fmt: skip
+    R.ABORTED,
+    R.PROGRESS_DEADLINE,
+    R.ANALYSIS_FAILED,
+    R.TARGET_DELETED,
+    R.CANARY_CONFLICT,
+}
+
+
 class Phases:
     """The phase of each release as last reconciled by this process, behind ``greyrelease_releases``.
 

@@ -212,9 +212,13 @@ def read_queue(
 
 
 def _ahead(
-    others: list[Obj], release: Obj, ref: QueueRef, live: set[str], policies: list[GreyReleasePolicy],
+    others: list[Obj],
+    release: Obj,
+    ref: QueueRef,
+    live: set[str],
+    policies: list[GreyReleasePolicy],
     settings: Governing,
-) -> int:  # fmt: skip
+) -> int:
     """Releases of the same queue created before ``release`` that wait for a slot (not started yet)."""
     uid, mine, count = release["metadata"]["uid"], _order(release), 0
     for other in others:
@@ -242,11 +246,13 @@ def read_predecessors(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> tupl
             phase += " for an earlier spec"
         out.append(
             Predecessor(
-                after.name, found=True, phase=phase,
+                after.name,
+                found=True,
+                phase=phase,
                 succeeded=current and st.phase == Phase.SUCCEEDED,
                 failed=current and st.phase in (Phase.FAILED, Phase.ABORTED, Phase.INVALID_SPEC),
             )
-        )  # fmt: skip
+        )
     return tuple(out)
 
 
@@ -263,9 +269,13 @@ def read_cycle(kube: Kube, release: Obj, spec: GreyReleaseSpec) -> tuple[str, ..
 
 
 def observe_governance(
-    kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus, annotations: dict[str, str],
+    kube: Kube,
+    release: Obj,
+    spec: GreyReleaseSpec,
+    status: GreyReleaseStatus,
+    annotations: dict[str, str],
     settings: Governing,
-) -> Governance:  # fmt: skip
+) -> Governance:
     policies = governing(read_policies(kube), release)
     rules = rules_of(policies)
     ref = queue_of(release, policies, settings)

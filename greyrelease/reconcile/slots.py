@@ -61,8 +61,13 @@ def _write(kube: Kube, ref: str, lease: Obj | None, holders: list[Holder]) -> No
         }
         kube.create(path("coordination.k8s.io", "v1", "leases", namespace), body)  # 409 when another made it
         return
-    body = {**lease, "metadata": {**lease["metadata"], "annotations": {**(lease["metadata"].get("annotations") or {}),
-                                                                         **annotations}}}  # fmt: skip
+    body = {
+        **lease,
+        "metadata": {
+            **lease["metadata"],
+            "annotations": {**(lease["metadata"].get("annotations") or {}), **annotations},
+        },
+    }
     kube.replace(lease_path(ref), body)  # the resourceVersion read is the precondition
 
 

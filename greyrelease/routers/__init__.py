@@ -77,6 +77,4 @@ def router_for(
             kube, namespace=namespace, routing=routing.nginx, spec=spec, owner=owner, stable_hash=stable_hash
         )
     assert routing.gateway_api is not None  # the models allow exactly one mode
-    return GatewayRouter(
-        kube, namespace=namespace, routing=routing.gateway_api, owner=owner, stable_hash=stable_hash
-    )
+    return GatewayRouter(kube, namespace=namespace, routing=routing.gateway_api, owner=owner, stable_hash=stable_hash)

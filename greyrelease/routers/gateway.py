@@ -149,9 +149,7 @@ def saved_rules(route: Obj) -> list[Obj] | None:
     return None if saved is None else list(json.loads(saved))
 
 
-def weight_patch(
-    route: Obj, *, service: str, weight: int, header_match: dict[str, str] | None = None
-) -> Obj | None:
+def weight_patch(route: Obj, *, service: str, weight: int, header_match: dict[str, str] | None = None) -> Obj | None:
     """The merge patch that puts the canary of ``route`` at ``weight``; None when it is there already."""
     meta = route.get("metadata", {})
     current = list(route.get("spec", {}).get("rules") or [])

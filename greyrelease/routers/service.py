@@ -14,9 +14,7 @@ from greyrelease.routers.selector import ServiceSelector
 
 
 class ServiceRouter:
-    def __init__(
-        self, kube: Kube, *, namespace: str, service: str, status: Callable[[], GreyReleaseStatus]
-    ) -> None:
+    def __init__(self, kube: Kube, *, namespace: str, service: str, status: Callable[[], GreyReleaseStatus]) -> None:
         self.selector = ServiceSelector(kube, namespace=namespace, name=service)
         self.status = status
 

@@ -146,8 +146,10 @@ def waiting(outcome: Outcome) -> bool:
     waking those on every pod becoming ready would cost a pass each for nothing. (A Deployment deleted
     wakes the release in any case.)"""
     plan, st = outcome.plan, outcome.plan.status
-    return plan.done or st.phase in (Phase.INITIALIZING, Phase.PROMOTING, Phase.ROLLING_BACK) or (
-        st.phase == Phase.PROGRESSING and st.batch_state == BatchState.UPSCALING
+    return (
+        plan.done
+        or st.phase in (Phase.INITIALIZING, Phase.PROMOTING, Phase.ROLLING_BACK)
+        or (st.phase == Phase.PROGRESSING and st.batch_state == BatchState.UPSCALING)
     )
 
 
@@ -233,8 +235,13 @@ class Runtime:
         self.phases.record((namespace, name), outcome.plan if outcome else None)
         return outcome
 
-    async def run_release(self, namespace: str, name: str, stopped: Callable[[], bool],
-                          sleep: Callable[[asyncio.Event, float], Awaitable[None]]) -> None:  # fmt: skip
+    async def run_release(
+        self,
+        namespace: str,
+        name: str,
+        stopped: Callable[[], bool],
+        sleep: Callable[[asyncio.Event, float], Awaitable[None]],
+    ) -> None:
         """A release's passes until it is gone or ``stopped``: each pass (retried with :data:`RETRY_WAIT`
         while it fails), then a sleep until the plan's ``requeue_after`` or until the release is woken."""
         key = (namespace, name)
@@ -250,9 +257,13 @@ class Runtime:
         # collection frees. Made per pass, 1,985 of them were held by 300 releases at rest (3.6 MiB, and
         # 1.0 MiB more in the closures around them; bench/README, "Memory at rest").
         retrying = AsyncRetrying(
-            wait=RETRY_WAIT, retry=retry_if_exception_type(Exception), before_sleep=warn,
-            stop=lambda _: stopped(), sleep=lambda seconds: sleep(wake, seconds), reraise=True,
-        )  # fmt: skip
+            wait=RETRY_WAIT,
+            retry=retry_if_exception_type(Exception),
+            before_sleep=warn,
+            stop=lambda _: stopped(),
+            sleep=lambda seconds: sleep(wake, seconds),
+            reraise=True,
+        )
         try:
             while not stopped():
                 try:
@@ -372,8 +383,13 @@ class Runtime:
         # served from memory once the first list is in; until then they go to the API server, so a release
         # never starts a batch without the freezes and limits that apply to it.
         policies = [Reflector(api, path(GROUP, VERSION, POLICY_PLURAL), self.policies, on_change=policy).start()]
-        self.kube.cache(f"/apis/{GROUP}/{VERSION}", POLICY_PLURAL, self.policies,
-                        ready=lambda: policies[0].synced.is_set(), lists=True)  # fmt: skip
+        self.kube.cache(
+            f"/apis/{GROUP}/{VERSION}",
+            POLICY_PLURAL,
+            self.policies,
+            ready=lambda: policies[0].synced.is_set(),
+            lists=True,
+        )
         self._reflectors = deployments + policies + reflect("", "v1", "services", self.services)
         timeout = self.tuning.sync_timeout
         if not await asyncio.to_thread(wait_synced, deployments + policies, timeout):

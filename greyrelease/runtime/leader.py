@@ -55,8 +55,16 @@ def claim(spec: Obj, me: str, now: datetime, lease_seconds: int) -> Obj | None:
 
 
 class Lease:
-    def __init__(self, kube: Kube, *, namespace: str, name: str = LEASE_NAME, me: str | None = None,
-                 lease_seconds: int = 10, labels: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        namespace: str,
+        name: str = LEASE_NAME,
+        me: str | None = None,
+        lease_seconds: int = 10,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         self.kube = kube
         self.labels = labels or {}
         self.namespace = namespace

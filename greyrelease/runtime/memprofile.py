@@ -74,10 +74,11 @@ def tracked(limit: int = 25) -> list[str]:
                     strings += sys.getsizeof(s)
     tuples = Counter(len(o) for o in objects if type(o) is tuple)
     return [
-        head, *(f"{n:10d}  {name}" for name, n in by_type.most_common(limit)),
+        head,
+        *(f"{n:10d}  {name}" for name, n in by_type.most_common(limit)),
         f"strings in those dicts and lists: {len(seen)} ({strings / 2**20:.1f} MiB)",
         "tuples by length: " + ", ".join(f"{k}: {n}" for k, n in tuples.most_common(6)),
-    ]  # fmt: skip
+    ]
 
 
 def enable() -> None:

@@ -93,10 +93,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
             api.user_agent = memo["user_agent"]
         governing, phases = memo.get("governing"), memo.get("phases")
         memo["runtime"] = rt = Runtime(
-            api, tuning=tuning, governing=governing if isinstance(governing, Governing) else None,
+            api,
+            tuning=tuning,
+            governing=governing if isinstance(governing, Governing) else None,
             phases=phases if isinstance(phases, metrics.Phases) else None,
             shard=shard if isinstance(shard, Shard) else None,
-        )  # fmt: skip
+        )
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
         await rt.watch(api, list(memo.get("namespaces") or []))
         collector.settle()  # what the process holds once started is not walked by collections again
@@ -144,7 +146,11 @@ async def release_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)
 async def release_deleted(
-    name: str, namespace: str | None, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter[Any], memo: Any,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    memo: Any,
     **_: Any,
 ) -> None:
     """Put the app back as it was before the release began, then let the object go."""

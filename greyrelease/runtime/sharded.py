@@ -49,9 +49,14 @@ def check_server_filters(api: KubeClient, n: int, namespace: str | None) -> None
 
 
 async def run_sharded(
-    *, n: int, namespaces: list[str], governing: Governing, lease_namespace: str, lease_seconds: int,
+    *,
+    n: int,
+    namespaces: list[str],
+    governing: Governing,
+    lease_namespace: str,
+    lease_seconds: int,
     state: dict[str, str],
-) -> int:  # fmt: skip
+) -> int:
     """Hold a share of ``n`` shards until SIGTERM or SIGINT; 0 on a clean stop, 2 when the API server cannot
     shard, 1 when a shard's operator failed."""
     api = KubeClient.from_environment()
@@ -72,9 +77,13 @@ async def run_sharded(
         asked.discard(k)
         flags[k] = flag = asyncio.Event()
         memo = kopf.Memo(
-            namespaces=namespaces, governing=governing, phases=phases, user_agent=api.user_agent,
-            shard=Shard(selector([k], n), held.writable), state=state,
-        )  # fmt: skip
+            namespaces=namespaces,
+            governing=governing,
+            phases=phases,
+            user_agent=api.user_agent,
+            shard=Shard(selector([k], n), held.writable),
+            state=state,
+        )
         try:
             await kopf.operator(
                 clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=flag, memo=memo
@@ -99,8 +108,7 @@ async def run_sharded(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
 
-    shards = Shards(api, namespace=lease_namespace, n=n, me=me, start=start, stop=stop,
-                    lease_seconds=lease_seconds)  # fmt: skip
+    shards = Shards(api, namespace=lease_namespace, n=n, me=me, start=start, stop=stop, lease_seconds=lease_seconds)
     shards.changed = changed
     changed([])
     log.info(f"replica {me}: sharing {n} shards")

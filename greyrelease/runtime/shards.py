@@ -214,23 +214,24 @@ class Shards:
         self._announced = False
 
     def _lease(self, name: str, labels: dict[str, str] | None = None) -> Lease:
-        return Lease(self.kube, namespace=self.namespace, name=name, me=self.me,
-                     lease_seconds=self.lease_seconds, labels=labels)  # fmt: skip
+        return Lease(
+            self.kube, namespace=self.namespace, name=name, me=self.me, lease_seconds=self.lease_seconds, labels=labels
+        )
 
     def _look(self) -> tuple[dict[int, str], list[Obj], Obj | None]:
         """The live holder of each shard, the member Leases (of every shard count) and the Lease of a
         controller run with ``--shards 1``, as the API server has them now."""
         now = datetime.now(UTC)
         holders = {k: live(self.kube.get(self._lease(lease_name(k, self.n)).path), now) for k in range(self.n)}
-        members = self.kube.list(path("coordination.k8s.io", "v1", "leases", self.namespace),
-                                 label_selector=MEMBER_LABEL)  # fmt: skip
+        members = self.kube.list(
+            path("coordination.k8s.io", "v1", "leases", self.namespace), label_selector=MEMBER_LABEL
+        )
         for m in members:
             # A member that stopped without deleting its Lease (killed) is forgotten after a while.
             renewed = parse_time((m.get("spec") or {}).get("renewTime"))
             if renewed is not None and now - renewed > timedelta(seconds=FORGET_MEMBERS_AFTER):
                 with contextlib.suppress(Exception):
-                    self.kube.delete(path("coordination.k8s.io", "v1", "leases", self.namespace,
-                                          m["metadata"]["name"]))  # fmt: skip
+                    self.kube.delete(path("coordination.k8s.io", "v1", "leases", self.namespace, m["metadata"]["name"]))
         return holders, members, self.kube.get(self._lease(LEASE_NAME).path)
 
     # the loop ------------------------------------------------------------------------------------------------
@@ -260,8 +261,9 @@ class Shards:
             if await self._safely(self._lease(lease_name(k, self.n)).try_hold):
                 held.renewed = time.monotonic()
             elif not held.writable():
-                log.error(f"shard {k}: the Lease was not renewed for {self.lease_seconds - self.renew_every:g}s; "
-                          "stopping it")  # fmt: skip
+                log.error(
+                    f"shard {k}: the Lease was not renewed for {self.lease_seconds - self.renew_every:g}s; stopping it"
+                )
                 await self._drop(k, release=False)
         try:
             holders, members, leader = await asyncio.to_thread(self._look)
@@ -285,8 +287,10 @@ class Shards:
         peers = [h for m in members if labels_of(m).get(MEMBER_LABEL) == str(self.n) and (h := live(m, now))]
         moves = decide(self.n, self.me, holders, peers)
         for k in moves.give:
-            log.info(f"shard {k}: handing over (holding more than a fair share of {self.n} over "
-                     f"{len(set(peers) | {self.me})} replicas)")  # fmt: skip
+            log.info(
+                f"shard {k}: handing over (holding more than a fair share of {self.n} over "
+                f"{len(set(peers) | {self.me})} replicas)"
+            )
             await self._drop(k, release=True)
         for k in moves.take:
             if await self._safely(self._lease(lease_name(k, self.n)).try_hold):

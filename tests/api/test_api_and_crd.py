@@ -12,7 +12,7 @@ from greyrelease.planner.batches import PlanError, expand
 from greyrelease.planner.images import label_value, split_tag, target_image, version_of
 from pydantic import ValidationError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests/<package>/test_*.py
 
 
 @pytest.mark.parametrize("name", ["greyrelease.io_greyreleases.yaml", "greyrelease.io_greyreleasepolicies.yaml"])

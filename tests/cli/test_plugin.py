@@ -13,7 +13,7 @@ from greyrelease.cli import plugin
 from greyrelease.cli.plugin import _parser, age, fingerprint, is_finished, progress_bar, render_status
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests/<package>/test_*.py
 
 
 def ts(seconds_ago: float) -> str:

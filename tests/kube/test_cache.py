@@ -133,7 +133,8 @@ def deployment(name: str, **spec: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def kube() -> tuple[CachedKube, MemoryKube, Store]:
+def cached() -> tuple[CachedKube, MemoryKube, Store]:
+    """A client whose reads of Deployments come from a store, on an empty in-memory API server."""
     api = MemoryKube()
     client = CachedKube(api)
     store = Store()
@@ -141,8 +142,8 @@ def kube() -> tuple[CachedKube, MemoryKube, Store]:
     return client, api, store
 
 
-def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, api, store = kube
+def test_reads_come_from_the_store_and_fall_back_to_the_api(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, store = cached
     store.fold({**obj("web", 5), "spec": {"replicas": 2}})
     assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 2}  # type: ignore[index]
     assert api.requests == []
@@ -160,8 +161,8 @@ def test_reads_come_from_the_store_and_fall_back_to_the_api(kube: tuple[CachedKu
     assert client.get(f"{DEPLOYMENTS}/missing") is not None and len(api.requests) == 2
 
 
-def test_a_deleted_object_is_answered_from_memory_without_asking(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, api, _ = kube
+def test_a_deleted_object_is_answered_from_memory_without_asking(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, _ = cached
     client.create(DEPLOYMENTS, {"metadata": {"name": "web-canary"}})
     client.delete(f"{DEPLOYMENTS}/web-canary")  # the promotion removes the canary
     api.requests.clear()
@@ -180,8 +181,8 @@ def test_a_not_found_answer_does_not_hide_a_body_folded_meanwhile() -> None:
     assert store.get("default", "web") is not None and not store.absent("default", "web")
 
 
-def test_writes_fold_their_responses(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, api, store = kube
+def test_writes_fold_their_responses(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, store = cached
     created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}, "spec": {"replicas": 1}})
     version = int(created["metadata"]["resourceVersion"])
     assert version_of(store, "web") == str(version)
@@ -192,8 +193,8 @@ def test_writes_fold_their_responses(kube: tuple[CachedKube, MemoryKube, Store])
     assert [m for m, _ in api.requests] == ["POST", "PATCH"]
 
 
-def test_other_collections_are_not_cached(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, api, store = kube
+def test_other_collections_are_not_cached(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, store = cached
     services = "/api/v1/namespaces/default/services"
     api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"}})
     client.get(f"{services}/web")
@@ -202,9 +203,9 @@ def test_other_collections_are_not_cached(kube: tuple[CachedKube, MemoryKube, St
 
 
 def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
-    kube: tuple[CachedKube, MemoryKube, Store],
+    cached: tuple[CachedKube, MemoryKube, Store],
 ) -> None:
-    client, _, store = kube
+    client, _, store = cached
     created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
     client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
     assert client.delete(f"{DEPLOYMENTS}/web") is not None
@@ -220,16 +221,16 @@ def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
     assert store.get("default", "ghost") is None
 
 
-def test_a_write_answered_404_drops_the_object_from_memory(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, _, store = kube
+def test_a_write_answered_404_drops_the_object_from_memory(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, _, store = cached
     store.fold(obj("web", 5))  # its deletion was never seen (a watch being reopened, say)
     with pytest.raises(NotFound):
         client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 1}})
     assert store.get("default", "web") is None
 
 
-def test_nothing_is_served_until_ready(kube: tuple[CachedKube, MemoryKube, Store]) -> None:
-    client, api, _ = kube
+def test_nothing_is_served_until_ready(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
+    client, api, _ = cached
     store = Store()
     ready = threading.Event()
     client.cache("/apis/apps/v1", "deployments", store, ready=ready.is_set)

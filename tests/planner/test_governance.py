@@ -67,8 +67,8 @@ from greyrelease.reconcile.slots import holders_of, lease_path
 from greyrelease.reconcile.slots import take as take_slot
 from pydantic import ValidationError
 
-from .test_reconcile import RELEASE, cluster, release, roll_out, stable, status_of
-from .world import T0, World, spec
+from tests.support.builders import RELEASE, T0, cluster, release, roll_out, stable, status_of
+from tests.support.world import World, spec
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

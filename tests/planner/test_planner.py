@@ -31,7 +31,8 @@ from greyrelease.planner.actions import (
 )
 from greyrelease.planner.machine import ENDPOINTS_POLL, HANDLERS, decide, project
 
-from .world import T0, UID, World, spec, workload
+from tests.support.builders import T0, UID
+from tests.support.world import World, spec, workload
 
 SERVICE = {"service": {"name": "web"}}
 NGINX = {"nginx": {"ingress": "web", "stableService": "web"}}

@@ -1,7 +1,7 @@
 """Statuses written by an earlier controller keep working: the same decisions, the same stored form.
 
 ``fixtures/decisions_before_batch_state.jsonl`` holds 128 calls of ``decide`` recorded from the controller
-as it was before the status had a ``batchState`` (releases driven through ``tests/world.py``: timed and
+as it was before the status had a ``batchState`` (releases driven through ``tests/support/world.py``: timed and
 manual pauses, analysis, abort, retry, deadlines, a lost canary, a deleted target, a restart, deletion,
 invalid specs). Each line is one call: the spec, the status as the API server stored it (no null
 field), what was observed, the time, and the plan that came out. A line without ``status`` was planned

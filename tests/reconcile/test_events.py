@@ -12,6 +12,8 @@ from greyrelease.kube.protocol import ApiError, MemoryKube, path
 from greyrelease.planner.actions import Event, Plan
 from greyrelease.reconcile.record import numbered, post_events, stored, write_status
 
+from tests.support.faults import refuse
+
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 EVENTS = path("", "v1", "events", "shop")
 
@@ -83,10 +85,7 @@ def test_a_plan_with_events_records_the_next_number_and_one_without_keeps_it() -
 def test_an_event_the_api_server_refuses_does_not_stop_the_pass() -> None:
     kube = MemoryKube()
 
-    def forbidden(verb: str, p: str) -> None:
-        raise ApiError(403, "Forbidden", "no")
-
-    kube.before = forbidden
+    refuse(kube, lambda: ApiError(403, "Forbidden", "no"))
     post_events(kube, release({}), plan(*READY), NOW)
     assert kube.requests == [("POST", EVENTS)]
 

@@ -17,7 +17,6 @@ Whatever happened, each Event of the clean run is posted once (same reason, same
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,50 +27,10 @@ from greyrelease.api.release import Obj
 from greyrelease.kube.protocol import Conflict, MemoryKube, path
 from greyrelease.reconcile.reconciler import Reconciler
 
-from .test_reconcile import EVENTS, NS, RELEASE, T0, Crash, cluster, crash_before_write, roll_out, status_of
+from tests.support.builders import EVENTS, NS, RELEASE, T0, cluster, roll_out, status_of
+from tests.support.faults import Crash, Lagging, crash_before_write
 
 ROUTED = {"trafficRouting": {"service": {"name": "web"}}}
-
-
-class Lagging:
-    """The controller's view of the cluster with its store behind: reads of the Deployments and Services
-    come from ``snapshot`` (a watch event or more behind) while ``lag`` is set; writes go through."""
-
-    LAGGING = ("/deployments", "/services")
-
-    def __init__(self, inner: MemoryKube) -> None:
-        self.inner = inner
-        self.snapshot: dict[str, Obj] = {}
-        self.lag = False
-
-    def freeze(self) -> None:
-        self.snapshot = {MemoryKube.path_of(o): copy.deepcopy(o) for o in self.inner.objects()}
-
-    def _stale(self, p: str) -> bool:
-        return self.lag and any(f"{kind}/" in p or p.endswith(kind) for kind in self.LAGGING)
-
-    def get(self, p: str) -> Obj | None:
-        if self._stale(p):
-            found = self.snapshot.get(p)
-            return copy.deepcopy(found) if found is not None else None
-        return self.inner.get(p)
-
-    def list(self, p: str, *, label_selector: str | None = None) -> list[Obj]:
-        if self._stale(p):
-            return [copy.deepcopy(o) for k, o in sorted(self.snapshot.items()) if k.rsplit("/", 1)[0] == p]
-        return self.inner.list(p, label_selector=label_selector)
-
-    def create(self, p: str, body: Obj) -> Obj:
-        return self.inner.create(p, body)
-
-    def patch(self, p: str, body: Obj, **kw: Any) -> Obj:
-        return self.inner.patch(p, body, **kw)
-
-    def replace(self, p: str, body: Obj) -> Obj:
-        return self.inner.replace(p, body)
-
-    def delete(self, p: str, **kw: Any) -> Obj | None:
-        return self.inner.delete(p, **kw)
 
 
 def _annotate(kube: MemoryKube, annotations: dict[str, str], **meta: Any) -> None:

@@ -4,10 +4,8 @@ of its writes (between the actions, the Events and the status), and a status wri
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,100 +13,20 @@ from greyrelease.api.release import Obj
 from greyrelease.kube.protocol import Conflict, MemoryKube, path
 from greyrelease.reconcile.reconciler import Outcome, Reconciler
 
-NS = "shop"
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-RELEASE = path("greyrelease.io", "v1", "greyreleases", NS, "web")
-DEPLOYMENTS = path("apps", "v1", "deployments", NS)
-EVENTS = path("", "v1", "events", NS)
-SERVICE = path("", "v1", "services", NS, "web")
-
-
-class Crash(Exception):
-    """The controller killed at this point."""
-
-
-def stable(replicas: int = 4, image: str = "app:v1") -> Obj:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": NS, "uid": "web-uid", "labels": {"app": "web"}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "app", "image": image}]},
-            },
-        },
-    }
-
-
-def service() -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": NS},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
-    }
-
-
-def release(**spec: Any) -> Obj:
-    return {
-        "apiVersion": "greyrelease.io/v1",
-        "kind": "GreyRelease",
-        "metadata": {"name": "web", "namespace": NS, "uid": "release-uid"},
-        "spec": {
-            "targetRef": {"name": "web"},
-            "targetVersion": "v2",
-            "batches": [{"replicas": 1}, {"replicas": 2}, {"replicas": 4}],
-            **spec,
-        },
-    }
-
-
-def cluster(**spec: Any) -> MemoryKube:
-    kube = MemoryKube(stable(), service(), release(**spec))
-    roll_out(kube)
-    return kube
-
-
-def _hash(template: Obj) -> str:
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def roll_out(kube: MemoryKube) -> None:
-    """What the control plane does between two passes, all at once: foreground deletions finish, and
-    every Deployment has its current ReplicaSet and all its pods ready."""
-    kube.collect()
-    for d in kube.objects(DEPLOYMENTS):
-        meta, replicas = d["metadata"], d["spec"].get("replicas", 1)
-        status = {
-            "observedGeneration": meta["generation"],
-            "replicas": replicas,
-            "readyReplicas": replicas,
-            "updatedReplicas": replicas,
-            "availableReplicas": replicas,
-        }
-        if d.get("status") != status:
-            kube.put({**d, "status": status})
-        template_hash = _hash(d["spec"]["template"])
-        labels = {**d["spec"]["template"]["metadata"]["labels"], "pod-template-hash": template_hash}
-        rs = {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {
-                "name": f"{meta['name']}-{template_hash}",
-                "namespace": NS,
-                "labels": labels,
-                "ownerReferences": [{"uid": meta["uid"], "controller": True}],
-            },
-        }
-        if kube.get(path("apps", "v1", "replicasets", NS, rs["metadata"]["name"])) is None:
-            kube.put(rs)
-
-
-def status_of(kube: MemoryKube) -> Obj:
-    return dict((kube.get(RELEASE) or {}).get("status") or {})
+from tests.support.builders import (
+    DEPLOYMENTS,
+    EVENTS,
+    NS,
+    RELEASE,
+    SERVICE,
+    T0,
+    cluster,
+    release,
+    roll_out,
+    stable,
+    status_of,
+)
+from tests.support.faults import Crash, crash_before_write, refuse
 
 
 def timeless(value: Any) -> Any:
@@ -158,8 +76,7 @@ def run(
     raise AssertionError(f"never reached {until}: {status_of(kube)}")
 
 
-def test_a_whole_release_pass_by_pass() -> None:
-    kube = cluster()
+def test_a_whole_release_pass_by_pass(kube: MemoryKube) -> None:
     first = Reconciler(kube).reconcile(NS, "web", now=T0)
     assert first is not None and first.watched == ("web", "web-canary")
     assert status_of(kube)["phase"] in ("Initializing", "Progressing")
@@ -177,8 +94,7 @@ def test_a_whole_release_pass_by_pass() -> None:
     assert kube.writes == []
 
 
-def test_the_canary_is_built_and_owned_and_the_stable_shrinks_as_it_grows() -> None:
-    kube = cluster()
+def test_the_canary_is_built_and_owned_and_the_stable_shrinks_as_it_grows(kube: MemoryKube) -> None:
     seen: list[tuple[int, int]] = []
 
     def sizes(_: int) -> None:
@@ -213,21 +129,6 @@ def clean_run(**spec: Any) -> tuple[Obj, list[str], int, list[Obj]]:
     return timeless(status_of(kube)), reasons(kube), len(kube.writes), apps(kube)
 
 
-def crash_before_write(kube: MemoryKube, at: int) -> None:
-    """Kill the controller before its ``at``-th write (0-based), once."""
-    count = 0
-
-    def before(verb: str, p: str) -> None:
-        nonlocal count, at
-        if verb in MemoryKube.WRITE_VERBS:
-            if count == at:
-                at = -1
-                raise Crash
-            count += 1
-
-    kube.before = before
-
-
 @pytest.mark.parametrize("routing", [None, {"service": {"name": "web"}}], ids=["replicas", "service"])
 def test_a_controller_killed_before_any_write_resumes_with_no_batch_skipped_or_repeated(routing: Obj | None) -> None:
     spec = {"trafficRouting": routing} if routing else {}
@@ -244,18 +145,17 @@ def test_a_controller_killed_before_any_write_resumes_with_no_batch_skipped_or_r
         assert (kube.get(SERVICE) or {})["spec"]["selector"] == {"app": "web"}, f"killed before write {at}"
 
 
-def test_a_status_write_refused_with_409_fails_the_pass_and_the_next_one_records_it() -> None:
+def test_a_status_write_refused_with_409_fails_the_pass_and_the_next_one_records_it(kube: MemoryKube) -> None:
     expected_status, expected_reasons, _, expected_apps = clean_run()
-    kube = cluster()
-    refused: list[str] = []
-
-    def conflict_on_second_status_write(verb: str, p: str) -> None:
-        if verb == "PATCH" and p == RELEASE + "/status":
-            refused.append(p)
-            if len(refused) == 2:
-                raise Conflict(409, "Conflict", "the object has been modified")
-
-    kube.before = conflict_on_second_status_write
+    # The second status write is refused with 409.
+    refused = refuse(
+        kube,
+        lambda: Conflict(409, "Conflict", "the object has been modified"),
+        verb="PATCH",
+        path=RELEASE + "/status",
+        skip=1,
+        times=1,
+    )
     before = copy.deepcopy(status_of(kube))
     run(kube, until={"Succeeded"})
     assert len(refused) > 2 and before == {}

@@ -27,15 +27,12 @@ from greyrelease.routers.gateway import (
     weight_patch,
     weighted_rules,
 )
-from greyrelease.routers.nginx import (
-    build_canary_ingress,
-    canary_annotations,
-    canary_rules,
-    ingress_patch,
-)
+from greyrelease.routers.nginx import build_canary_ingress, canary_annotations, canary_rules, ingress_patch
 from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION
 
-from .world import UID, World, spec
+from tests.support.builders import UID
+from tests.support.faults import Crash, crash_before_write
+from tests.support.world import World, spec
 
 Obj = dict[str, Any]
 NS = "shop"
@@ -865,28 +862,6 @@ def test_spec_model_accepts_both_modes() -> None:
         )
 
 
-class Crash(Exception):
-    pass
-
-
-def crashing(*objects: Obj, at: int) -> MemoryKube:
-    """An API server whose client dies before its ``at``-th write (0-based), as a controller killed
-    between two writes would; the restarted controller runs on."""
-    kube = MemoryKube(*objects)
-    count = 0
-
-    def before(verb: str, p: str) -> None:
-        nonlocal count, at
-        if verb in MemoryKube.WRITE_VERBS:
-            if count == at:
-                at = -1
-                raise Crash
-            count += 1
-
-    kube.before = before
-    return kube
-
-
 STEPS: list[Callable[[Router], None]] = [
     lambda r: r.prepare(),
     lambda r: r.set_weight(20, {"x-canary": "yes"}),
@@ -921,7 +896,7 @@ def test_a_controller_killed_between_any_two_writes_converges_on_the_same_object
     expected = _states(clean, routing)
     assert len(clean.writes) >= 8
     for at in range(len(clean.writes)):
-        kube = crashing(*world().objects(), at=at)
+        kube = crash_before_write(MemoryKube(*world().objects()), at)
         assert _states(kube, routing) == expected, f"killed before write {at}"
 
 

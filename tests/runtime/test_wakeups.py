@@ -7,6 +7,8 @@ import asyncio
 from greyrelease.kube.protocol import MemoryKube
 from greyrelease.runtime.controller import Registry, Runtime, Tuning
 
+from tests.support.faults import refuse
+
 RELEASE = ("shop", "web")
 
 
@@ -138,15 +140,7 @@ def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when
     from greyrelease.kube.protocol import ApiError
 
     kube = MemoryKube()
-    failures = 3
-
-    def flaky(verb: str, p: str) -> None:
-        nonlocal failures
-        if failures:
-            failures -= 1
-            raise ApiError(500, "InternalError", "etcd")
-
-    kube.before = flaky
+    refuse(kube, lambda: ApiError(500, "InternalError", "etcd"), times=3)
     slept: list[float] = []
 
     async def sleep(wake: asyncio.Event, seconds: float) -> None:
@@ -167,11 +161,7 @@ def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
     from greyrelease.kube.protocol import ApiError
 
     kube = MemoryKube()
-
-    def down(verb: str, p: str) -> None:
-        raise ApiError(503, "ServiceUnavailable", "down")
-
-    kube.before = down
+    refuse(kube, lambda: ApiError(503, "ServiceUnavailable", "down"))
     slept: list[float] = []
 
     async def sleep(wake: asyncio.Event, seconds: float) -> None:

@@ -7,7 +7,7 @@ whether pods become ready. It stands in for no Kubernetes API: only the planner'
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
@@ -25,8 +25,7 @@ from greyrelease.planner.actions import (
 )
 from greyrelease.planner.machine import Observed, Workload, decide
 
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-UID = "release-uid"
+from tests.support.builders import T0, UID
 
 
 def spec(**fields: Any) -> GreyReleaseSpec:

@@ -1,0 +1,97 @@
+"""Faults injected into the in-memory API server: the controller killed before one of its writes, requests
+answered with an error, and a controller's store a watch event behind."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from greyrelease.api.release import Obj
+from greyrelease.kube.protocol import MemoryKube
+
+
+class Crash(Exception):
+    """The controller killed at this point."""
+
+
+def crash_before_write(kube: MemoryKube, at: int) -> MemoryKube:
+    """Kill the controller (raise :class:`Crash`) before its ``at``-th write (0-based) to ``kube``, once;
+    the restarted controller runs on. Returns ``kube``."""
+    count = 0
+
+    def before(verb: str, p: str) -> None:
+        nonlocal count, at
+        if verb in MemoryKube.WRITE_VERBS:
+            if count == at:
+                at = -1
+                raise Crash
+            count += 1
+
+    kube.before = before
+    return kube
+
+
+def refuse(
+    kube: MemoryKube,
+    error: Callable[[], Exception],
+    *,
+    verb: str | None = None,
+    path: str | None = None,
+    skip: int = 0,
+    times: int | None = None,
+) -> list[str]:
+    """From now on, answer the requests to ``kube`` that match (``verb`` and ``path``; any, when None) with
+    ``error()``: the first ``skip`` that match are served, then ``times`` of them (all, when None) refused.
+    The paths of the requests that matched, served or refused, are appended to the list returned."""
+    matched: list[str] = []
+
+    def before(v: str, p: str) -> None:
+        if (verb is None or v == verb) and (path is None or p == path):
+            matched.append(p)
+            if len(matched) > skip and (times is None or len(matched) <= skip + times):
+                raise error()
+
+    kube.before = before
+    return matched
+
+
+class Lagging:
+    """The controller's view of the cluster with its store behind: reads of the Deployments and Services
+    come from ``snapshot`` (a watch event or more behind) while ``lag`` is set; writes go through."""
+
+    LAGGING = ("/deployments", "/services")
+
+    def __init__(self, inner: MemoryKube) -> None:
+        self.inner = inner
+        self.snapshot: dict[str, Obj] = {}
+        self.lag = False
+
+    def freeze(self) -> None:
+        self.snapshot = {MemoryKube.path_of(o): copy.deepcopy(o) for o in self.inner.objects()}
+
+    def _stale(self, p: str) -> bool:
+        return self.lag and any(f"{kind}/" in p or p.endswith(kind) for kind in self.LAGGING)
+
+    def get(self, p: str) -> Obj | None:
+        if self._stale(p):
+            found = self.snapshot.get(p)
+            return copy.deepcopy(found) if found is not None else None
+        return self.inner.get(p)
+
+    def list(self, p: str, *, label_selector: str | None = None) -> list[Obj]:
+        if self._stale(p):
+            return [copy.deepcopy(o) for k, o in sorted(self.snapshot.items()) if k.rsplit("/", 1)[0] == p]
+        return self.inner.list(p, label_selector=label_selector)
+
+    def create(self, p: str, body: Obj) -> Obj:
+        return self.inner.create(p, body)
+
+    def patch(self, p: str, body: Obj, **kw: Any) -> Obj:
+        return self.inner.patch(p, body, **kw)
+
+    def replace(self, p: str, body: Obj) -> Obj:
+        return self.inner.replace(p, body)
+
+    def delete(self, p: str, **kw: Any) -> Obj | None:
+        return self.inner.delete(p, **kw)

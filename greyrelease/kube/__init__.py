@@ -1,8 +1,9 @@
 """The Kubernetes API seam: the :class:`Kube` protocol every adapter writes through, the client that
-speaks it to an API server (:mod:`.client`), an in-memory API server for tests (:class:`MemoryKube`), the
-watch-fed cache that answers reads (:mod:`.cache`), and what the controller knows of Deployments'
-shapes (:mod:`.workload`)."""
+speaks it to an API server (:mod:`.client`), an in-memory API server for tests (:class:`MemoryKube`, in
+:mod:`.memory`), the watch-fed cache that answers reads (:mod:`.cache`), and what the controller knows of
+Deployments' shapes (:mod:`.workload`)."""
 
-from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, MemoryKube, NotFound, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, NotFound, path
 
 __all__ = ["MERGE", "ApiError", "Conflict", "Kube", "MemoryKube", "NotFound", "path"]

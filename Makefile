@@ -8,20 +8,40 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all venv deps system-deps binaries crds check test unit e2e demo cluster-up cluster-down clean bench compare
+.PHONY: all venv lock deps system-deps binaries crds check test unit e2e demo cluster-up cluster-down clean bench compare
 
 all: test
 
-# Installed at the pinned versions (requirements.txt: the runtime closure, which tests/test_image.py checks
-# against what is installed; requirements-test.txt: the test tools), so that an upstream release made
-# since the pins cannot change what the suite runs with.
+# Installed from the lock files only, each file checked against its sha256 there, so that an upstream
+# release made since the lock cannot change what the suite runs with: requirements-test.txt (the runtime
+# closure at requirements.txt's versions, and the test tools with theirs, uv among them), then the project
+# itself, editable, resolving nothing. tests/test_image.py fails when a lock is stale against pyproject.toml
+# or the venv differs from the lock (after a lock change, `make clean venv` drops what it no longer pins).
 $(VENV)/.installed: pyproject.toml requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' -c requirements.txt -c requirements-test.txt
+	$(PY) -m pip install --quiet --require-hashes -r requirements-test.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip check
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The benchmarks' charts: matplotlib and its closure, at the test lock's versions where the two overlap.
+$(VENV)/.bench: $(VENV)/.installed requirements-bench.txt
+	$(PY) -m pip install --quiet --require-hashes -r requirements-bench.txt
+	touch $@
+
+# The lock files, written by uv from pyproject.toml (settings in its [tool.uv.pip]: every platform, Python
+# 3.11 on, sha256 hashes): requirements.txt the runtime dependencies, what the Dockerfile installs;
+# requirements-test.txt those at the same versions and the `test` extra; requirements-bench.txt the runtime
+# and the `bench` extra, at the test lock's versions. A pin already in a lock stays while pyproject.toml
+# allows it: `make lock LOCK_FLAGS=--upgrade` moves every pin to the newest allowed, LOCK_FLAGS='-P ruff' one.
+LOCK_FLAGS ?=
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet $(LOCK_FLAGS) pyproject.toml
+lock: venv
+	$(UV_COMPILE) -o requirements.txt
+	$(UV_COMPILE) --extra test -c requirements.txt -o requirements-test.txt
+	$(UV_COMPILE) --extra bench -c requirements-test.txt -o requirements-bench.txt
 
 # Debian's Prometheus for the metric gates; Go builds the control plane and Traefik; iproute2's `ip` makes
 # the pod network. Installed only when missing.
@@ -94,11 +114,10 @@ image-local:
 # `make bench SHARDS="1 3" N=3000`: N releases under one replica, then under 3 run with --shards 3
 # (python -m bench.shards over 30 namespaces); writes bench/SHARDS.md.
 N ?= 3000
-bench: deps
+bench: deps $(VENV)/.bench
 ifdef SHARDS
 	$(PY) -m bench.shards --n $(N) --shards $(SHARDS) --namespaces 30
 else
-	$(PY) -m pip install --quiet matplotlib
 	$(PY) -m bench.run --sizes 100 500 1000
 endif
 
@@ -108,7 +127,6 @@ endif
 # requests (10 aborts per controller through Traefik by default; like the data plane's e2e tests it needs root).
 SIZES ?= 100 500 1000
 CUTOFF ?= 10
-compare: deps
+compare: deps $(VENV)/.bench
 	e2e/build/build.sh argo
-	$(PY) -m pip install --quiet matplotlib
 	$(PY) -m bench.compare --sizes $(SIZES) --cutoff-aborts $(CUTOFF)

@@ -1,4 +1,4 @@
-"""The API server's audit log, counted by client: what bench/compare.py needs beyond e2e/reliability.py.
+"""The API server's audit log, counted by client: what bench/compare.py needs beyond e2e/harness/reliability.py.
 
 The local cluster's audit policy (e2e/harness/controlplane.py) logs writes only, with their bodies; a
 comparison of two controllers also wants their reads (GET, LIST, WATCH), by user agent.
@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from e2e.harness.controlplane import AUDIT_QUIET_USERS, LocalCluster
-from e2e.reliability import WRITE_VERBS, audit_events, parse_time
+from e2e.harness.reliability import WRITE_VERBS, audit_events, parse_time
 
 
 def write_audit_policy_with_reads(path: Path) -> Path:

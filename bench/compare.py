@@ -49,12 +49,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from e2e.controller import CRD, POLICY_CRD
+from e2e.harness.controller import CRD, POLICY_CRD
 from e2e.harness.controlplane import LocalCluster
 from e2e.harness.dataplane import INGRESS_CLASS, DataPlane, serving_gate
+from e2e.harness.load import Load
 from e2e.harness.process import free_port
-from e2e.load import Load
-from e2e.reliability import audited_writes, parse_time
+from e2e.harness.reliability import audited_writes, parse_time
 from greyrelease.kube.client import ApiError, KubeClient, path
 
 from bench import audit

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from e2e.controller import CRD, POLICY_CRD
+from e2e.harness.controller import CRD, POLICY_CRD
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.process import free_port
 from greyrelease.api.release import parse_time
@@ -219,7 +219,7 @@ def gc_pauses(port: int) -> dict[str, float]:
 def controller_writes(cluster: Cluster, namespace: str, since: datetime) -> Counter[str]:
     """Writes by the controller (its User-Agents) in ``namespace`` since ``since``, by resource, from the
     API server's audit log (which, unlike its metrics, knows the client)."""
-    from e2e.reliability import audited_writes
+    from e2e.harness.reliability import audited_writes
 
     if not isinstance(cluster, LocalCluster):
         return Counter()

@@ -16,7 +16,7 @@
   e2e/harness/dataplane.py writes such a Deployment and its Service).
 - `namespace` (function): a fresh namespace, deleted after the test.
 - `crd` (session): the CRDs that ship (crds/: GreyRelease and GreyReleasePolicy), applied and Established.
-- `controller` (function): `greyrelease run` as its own process watching `namespace` (e2e/controller.py);
+- `controller` (function): `greyrelease run` as its own process watching `namespace` (e2e/harness/controller.py);
   stopped after the test, its log printed, and the namespace's GreyReleases dropped.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import CRD, POLICY_CRD, Controller, drop_releases
+from e2e.harness.controller import CRD, POLICY_CRD, Controller, drop_releases
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, install_gateway_api_crds
 from e2e.harness.process import new_workdir, sweep_stale_workdirs

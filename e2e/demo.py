@@ -1,7 +1,7 @@
 """`make demo`: releases under real traffic, through Traefik, on the local cluster.
 
-A steady load (100 requests/s, e2e/load.py) goes through Traefik's Gateway to pods that answer as themselves
-(e2e/responder.py), and one line per second shows what users got: the request rate, and each version's
+A steady load (100 requests/s, e2e/harness/load.py) goes through Traefik's Gateway to pods that answer as themselves
+(e2e/harness/responder.py), and one line per second shows what users got: the request rate, and each version's
 share of the answers and error ratio, next to the release's phase, batch and weight. Then:
 
 1. a good release (v1 -> v2, weights 10/25/50/100%, gated on the canary's error ratio from Traefik's own
@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.controller import CRD, POLICY_CRD, Controller, gr
+from e2e.harness.controller import CRD, POLICY_CRD, Controller, gr
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, answering_app
+from e2e.harness.load import Load, Record, first, last, summarise
 from e2e.harness.process import new_workdir
 from e2e.harness.prometheus import PrometheusStack
-from e2e.load import Load, Record, first, last, summarise
 
 NS = "greyrelease-demo"
 RATE = 100.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import wait_for
+from e2e.harness.controller import wait_for
 from e2e.harness.controlplane import Cluster
 from e2e.harness.dataplane import DataPlane, answering_app, serving_gate
 from e2e.harness.prometheus import PrometheusStack

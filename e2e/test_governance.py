@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (
+from e2e.harness.controller import (
     Controller,
     apply_release,
     deploy_app,
@@ -27,7 +27,7 @@ from e2e.controller import (
     wait_phase,
 )
 from e2e.harness.controlplane import Cluster, LocalCluster
-from e2e.reliability import audited_writes, parse_time
+from e2e.harness.reliability import audited_writes, parse_time
 
 pytestmark = pytest.mark.e2e
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")

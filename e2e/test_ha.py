@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import (
+from e2e.harness.controller import (
     Controller,
     apply_release,
     deploy_app,

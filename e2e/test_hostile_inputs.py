@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controller import Controller, app_manifest, deployment, status, wait_for
+from e2e.harness.controller import Controller, app_manifest, deployment, status, wait_for
 from e2e.harness.controlplane import Cluster
-from e2e.hostile_inputs import CASES, markdown
+from e2e.harness.hostile_inputs import CASES, markdown
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def body(case) -> dict:  # type: ignore[no-untyped-def]
 
 
 def test_readme_lists_every_case() -> None:
-    assert markdown() in (ROOT / "README.md").read_text(), "README table is stale: python -m e2e.hostile_inputs"
+    assert markdown() in (ROOT / "README.md").read_text(), "README table is stale: python -m e2e.harness.hostile_inputs"
     assert len(CASES) >= 40
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.controller import (
+from e2e.harness.controller import (
     ROOT,
     Controller,
     apply_release,
@@ -120,7 +120,7 @@ class ControllerAsServiceAccount(Controller):
         return [line for line in self.log.read_text(errors="replace").splitlines() if DENIED_IN_LOG.search(line)]
 
     def wait_phase(self, name: str, phases: set[str], timeout: float) -> dict[str, Any]:
-        """Like e2e.controller.wait_phase, but a permission denied in the log fails at once."""
+        """Like e2e.harness.controller.wait_phase, but a permission denied in the log fails at once."""
 
         def check() -> dict[str, Any] | None:
             denied = self.denials()

@@ -1,4 +1,4 @@
-"""The open-loop load generator (e2e/load.py) against pod responders on loopback, and its summaries on
+"""The open-loop load generator (e2e/harness/load.py) against pod responders on loopback, and its summaries on
 known records. Needs no cluster."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.load import Load, Record, first, last, per_second, percentile, summarise, window
+from e2e.harness.load import Load, Record, first, last, per_second, percentile, summarise, window
 from e2e.test_responder import ResponderProcess, free_port
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from e2e.controller import (
+from e2e.harness.controller import (
     Controller,
     apply_release,
     deploy_app,

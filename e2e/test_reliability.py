@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (
+from e2e.harness.controller import (
     Controller,
     apply_release,
     deploy_app,
@@ -32,7 +32,7 @@ from e2e.controller import (
     wait_phase,
 )
 from e2e.harness.controlplane import Cluster, LocalCluster
-from e2e.reliability import (
+from e2e.harness.reliability import (
     Chaos,
     SlowPrometheus,
     audited_writes,

@@ -1,4 +1,4 @@
-"""The pod responder (e2e/responder.py) on loopback addresses, driven over its stdin/stdout protocol as the
+"""The pod responder (e2e/harness/responder.py) on loopback addresses, driven over its stdin/stdout protocol as the
 harness drives it. Needs no cluster."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from e2e.responder import Behaviour, behaviour_from_image, fails, image_tag
+from e2e.harness.responder import Behaviour, behaviour_from_image, fails, image_tag
 
 
 class ResponderProcess:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "e2e.responder"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", "e2e.harness.responder"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (
+from e2e.harness.controller import (
     Controller,
     apply_release,
     deploy_app,

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from greyrelease.runtime.shards import shard_of
 
-from e2e.controller import Controller, apply_release, drop_releases, gr, status, wait_for
+from e2e.harness.controller import Controller, apply_release, drop_releases, gr, status, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
-from e2e.reliability import audited_writes, deploy_apps, now, release_events
+from e2e.harness.reliability import audited_writes, deploy_apps, now, release_events
 from e2e.test_reliability import batch_ready_counts
 
 pytestmark = pytest.mark.e2e

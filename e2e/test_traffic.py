@@ -2,7 +2,7 @@
 an abort cuts the canary off within a second, in Gateway API mode (weights on an HTTPRoute's backendRefs)
 and in Service mode (an Ingress of class traefik in front of the one Service that selects both tracks).
 
-An open-loop load (e2e/load.py, RATE requests/s) records every request with the image that answered. An
+An open-loop load (e2e/harness/load.py, RATE requests/s) records every request with the image that answered. An
 abort is timed from the abort annotation's write (when the API server received kubectl's PATCH, from its
 audit log) to the send time of the last request a canary pod answered; the time kubectl took to start and
 send it is printed beside it but not counted (on a loaded 2-core machine a kubectl start alone has taken
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from greyrelease.kube.client import KubeClient, load_configuration
 
-from e2e.controller import (
+from e2e.harness.controller import (
     apply_release,
     deployment,
     gr,
@@ -33,8 +33,8 @@ from e2e.controller import (
 )
 from e2e.harness.controlplane import Cluster, LocalCluster
 from e2e.harness.dataplane import DataPlane, answering_app
-from e2e.load import Load, Record, last, percentile, summarise
-from e2e.reliability import audited_writes
+from e2e.harness.load import Load, Record, last, percentile, summarise
+from e2e.harness.reliability import audited_writes
 
 pytestmark = pytest.mark.e2e
 

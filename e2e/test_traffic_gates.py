@@ -1,8 +1,8 @@
 """End-to-end, on real HTTP through Traefik: a good release loses no request from its first batch to the
 canary's removal, and a bad canary is rolled back by a gate on the proxy's own numbers.
 
-Every request of an open-loop load (e2e/load.py, RATE requests/s with a Host header) is recorded with the
-pod and image that answered (e2e/responder.py). The gates query Traefik's per-service series in the local
+Every request of an open-loop load (e2e/harness/load.py, RATE requests/s with a Host header) is recorded with the
+pod and image that answered (e2e/harness/responder.py). The gates query Traefik's per-service series in the local
 Prometheus (scraped every second): `traefik_service_requests_total{code, method, protocol, service}` and the
 histogram `traefik_service_request_duration_seconds`, where a Gateway API backend's `service` label is
 `<namespace>-<Service>-<port name>-<port>@kubernetesgateway` (here `...-web-stable-http-80@kubernetesgateway`).
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from e2e.controller import (
+from e2e.harness.controller import (
     Controller,
     apply_release,
     deployment,
@@ -27,8 +27,8 @@ from e2e.controller import (
 )
 from e2e.harness.controlplane import Cluster
 from e2e.harness.dataplane import DataPlane, answering_app
+from e2e.harness.load import Load, Record, first, last, summarise
 from e2e.harness.prometheus import PrometheusStack
-from e2e.load import Load, Record, first, last, summarise
 
 pytestmark = pytest.mark.e2e
 

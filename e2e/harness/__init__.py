@@ -5,8 +5,17 @@
   kube-apiserver, kube-controller-manager, kube-scheduler, KWOK)
 - pki: the local cluster's certificates
 - prometheus: Prometheus and the test exporter
+- exporter: that exporter, the application's metrics as the tests set them (python -m e2e.harness.exporter)
 - podnet: the pod network (a network namespace per local cluster where pod IPs are local)
 - responders: the pod watch that makes every Running pod answer HTTP at its IP (python -m e2e.harness.responders)
+- responder: the HTTP server it drives, answering as the pods (python -m e2e.harness.responder)
 - dataplane: Traefik with the Gateway API and Ingress providers, in front of those pods
 - cli: `python -m e2e.cluster up|status|down`
+
+and what the tests, the demo and bench/ drive on it:
+
+- controller: the CRDs as shipped, the controller as its own process (``greyrelease run``), apps to release
+- load: an open-loop HTTP load at a fixed rate, every request recorded
+- reliability: the API server's audit log read back, a late Prometheus, a controller killed at random
+- hostile_inputs: bad GreyReleases and what must happen to each (python -m e2e.harness.hostile_inputs)
 """

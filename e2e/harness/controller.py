@@ -19,7 +19,7 @@ from typing import Any
 from e2e.harness.controlplane import Cluster
 from e2e.harness.process import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 CRD = ROOT / "crds" / "greyrelease.io_greyreleases.yaml"
 POLICY_CRD = ROOT / "crds" / "greyrelease.io_greyreleasepolicies.yaml"
 

@@ -430,12 +430,12 @@ class LocalCluster(Cluster):
                 # Lists and watches filtered by a hash of the namespace (alpha since 1.36): what a controller
                 # run with --shards N asks for.
                 "--feature-gates=ShardedListAndWatch=true",
-                # Writes only, with the request body (e2e/reliability.py counts the controller's writes by
+                # Writes only, with the request body (e2e/harness/reliability.py counts the controller's writes by
                 # user agent); see write_audit_policy() for what is left out.
                 f"--audit-policy-file={self.audit_policy(self.workdir / 'audit-policy.yaml')}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
-                # 200 MB a file and four rotated backups kept (e2e/reliability.py reads them all): a
+                # 200 MB a file and four rotated backups kept (e2e/harness/reliability.py reads them all): a
                 # benchmark at N = 3,000 writes more than 200 MB.
                 "--audit-log-maxsize=200",
                 "--audit-log-maxbackup=4",

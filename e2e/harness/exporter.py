@@ -13,7 +13,7 @@ HTTP API (JSON):
     GET    /metrics  Prometheus exposition
     GET    /healthz
 
-    python -m e2e.exporter --port 9100
+    python -m e2e.harness.exporter --port 9100
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A corpus of bad GreyReleases and what must happen to each: refused by the API server with a message
 naming the field, or accepted and marked InvalidSpec by the controller with nothing touched.
 
-`python -m e2e.hostile_inputs` prints the table the README carries (a test keeps them in step).
+`python -m e2e.harness.hostile_inputs` prints the table the README carries (a test keeps them in step).
 """
 
 from __future__ import annotations

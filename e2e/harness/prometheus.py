@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's package, /usr/bin/prometheus) on loopback, scraping the test exporter
-(e2e/exporter.py) every second, plus any target the caller adds (e.g. the controller's /metrics).
+(e2e/harness/exporter.py) every second, plus any target the caller adds (e.g. the controller's /metrics).
 
 The exporter is a process of its own, so a test can stop Prometheus alone (stop()/start()) to simulate an
 outage while the application's counters keep running.
@@ -22,6 +22,7 @@ from typing import Any
 
 from e2e.harness.process import HERE, Process, free_ports, wait_until
 
+EXPORTER = "e2e.harness.exporter"  # the exporter's module, run as its own process (python -m)
 SCRAPE_INTERVAL = "1s"
 Expectation = Callable[[float | None], bool] | float | int | None
 
@@ -153,9 +154,9 @@ class PrometheusStack:
         if self._exporter is None or not self._exporter.alive():
             self._exporter = Process(
                 "exporter",
-                [sys.executable, "-m", "e2e.exporter", "--host", "127.0.0.1", "--port", str(self.exporter_port)],
+                [sys.executable, "-m", EXPORTER, "--host", "127.0.0.1", "--port", str(self.exporter_port)],
                 self.workdir / "logs" / "exporter.log",
-                cwd=HERE.parent,  # so `-m e2e.exporter` resolves from any working directory
+                cwd=HERE.parent,  # so `-m` finds the exporter from any working directory
             )
             self._exporter.start()
             self._wait_http(self._exporter, f"{self.exporter_url}/healthz", timeout)

@@ -19,7 +19,7 @@ from typing import Any
 
 from greyrelease.api.release import TRACK_LABEL
 
-from e2e.controller import Controller, app_manifest, wait_for
+from e2e.harness.controller import Controller, app_manifest, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
 
 #: User agents of the controller's two API clients: its own (greyrelease.kube.client) and kopf's.

@@ -1,6 +1,6 @@
 """Pod responders: HTTP servers that answer as the simulated pods, one listener per pod IP and port.
 
-    python -m e2e.responder
+    python -m e2e.harness.responder
 
 Driven by JSON lines on stdin, reporting JSON lines on stdout (one object per line, flushed):
 

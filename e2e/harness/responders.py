@@ -1,10 +1,10 @@
 """Pod responder supervision: a watch on every pod of the cluster drives the responder server
-(`python -m e2e.responder`, run inside the pod network's namespace), so each Running pod answers HTTP at its
+(`python -m e2e.harness.responder`, run inside the pod network's namespace), so each Running pod answers HTTP at its
 pod IP and container port.
 
     python -m e2e.harness.responders --kubeconfig K --netns NS --pod-cidr CIDR
 
-The protocol with the server is JSON lines (see e2e/responder.py): on its stdin
+The protocol with the server is JSON lines (see e2e/harness/responder.py): on its stdin
     {"op": "serve", "uid", "ip", "port", "pod", "namespace", "image"}
     {"op": "stop", "uid", "after": seconds}     keep answering `after` seconds, then close everything
 and on its stdout {"event": "listening" | "stopped" | "error", "uid", ...}.
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     client = WatcherClient(load_configuration(args.kubeconfig), connections=8)
-    command = ["ip", "netns", "exec", args.netns, sys.executable, "-m", "e2e.responder"]
+    command = ["ip", "netns", "exec", args.netns, sys.executable, "-m", "e2e.harness.responder"]
     supervisor = Supervisor(client, command, args.pod_cidr)
     try:
         run(client, supervisor)

@@ -1,4 +1,4 @@
-"""The API server's audit log, counted by client: what bench/compare.py needs beyond e2e/harness/reliability.py.
+"""The API server's audit log, counted by client: what bench/compare/ needs beyond e2e/harness/reliability.py.
 
 The local cluster's audit policy (e2e/harness/controlplane.py) logs writes only, with their bodies; a
 comparison of two controllers also wants their reads (GET, LIST, WATCH), by user agent.

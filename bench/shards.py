@@ -34,7 +34,7 @@ from greyrelease.api.release import parse_time
 from greyrelease.kube.client import KubeClient, path
 from greyrelease.runtime.shards import shard_of
 
-from bench.compare import DEADLINE
+from bench.compare.contender import DEADLINE
 from bench.run import PAUSE, ROOT, ProcStats, app, bench_cluster, controller_writes, parallel, pct, release, wait
 
 SYSTEM = "bench-shards-system"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from e2e.reliability import audit_events
+from e2e.harness.reliability import audit_events
 
 
 def event(n: int) -> str:

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from e2e.harness.load import Load, Record, first, last, per_second, percentile, summarise, window
-from e2e.test_responder import ResponderProcess, free_port
+from e2e.harness.responder_client import ResponderProcess, free_port_at
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def pods() -> Iterator[ResponderProcess]:
 
 
 def test_keeps_200_requests_per_second_for_5s_and_records_each_answer(pods: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     pods.serve("u1", "127.0.0.2", port, image="registry.example/app:v1", pod="web-1")
     load = Load(f"http://127.0.0.2:{port}", rate=200).start()
     time.sleep(5)
@@ -52,7 +52,7 @@ def test_keeps_200_requests_per_second_for_5s_and_records_each_answer(pods: Resp
 
 
 def test_open_loop_a_slow_backend_does_not_slow_the_load(pods: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     pods.serve("slow", "127.0.0.2", port, image="registry.example/app:v1-slow500ms")
     with Load(f"http://127.0.0.2:{port}", rate=100) as load:
         time.sleep(2)
@@ -63,7 +63,7 @@ def test_open_loop_a_slow_backend_does_not_slow_the_load(pods: ResponderProcess)
 
 
 def test_records_500s_with_the_pod_and_connection_errors_with_their_text(pods: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     pods.serve("bad", "127.0.0.2", port, image="registry.example/app:v2-err50", pod="web-bad")
     with Load(f"http://127.0.0.2:{port}", rate=50) as load:
         time.sleep(1)
@@ -74,7 +74,7 @@ def test_records_500s_with_the_pod_and_connection_errors_with_their_text(pods: R
     assert all(r.failed and r.pod == "web-bad" and r.error is None for r in s.failed)
     assert s.error_ratio("registry.example/app:v2-err50") == pytest.approx(0.5, abs=0.03)
 
-    refused = Load(f"http://127.0.0.3:{free_port('127.0.0.3')}", rate=20).start()
+    refused = Load(f"http://127.0.0.3:{free_port_at('127.0.0.3')}", rate=20).start()
     time.sleep(0.5)
     records = refused.stop()
     assert records and all(r.status is None and r.failed and r.latency is None for r in records)

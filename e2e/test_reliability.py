@@ -36,6 +36,7 @@ from e2e.harness.reliability import (
     Chaos,
     SlowPrometheus,
     audited_writes,
+    batch_ready_counts,
     deploy_apps,
     now,
     release_events,
@@ -72,16 +73,6 @@ def ctl(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator
 
 def image_of(dep: dict[str, Any] | None) -> str:
     return (dep or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0].get("image", "")
-
-
-def batch_ready_counts(evs: dict[tuple[str, str], int]) -> dict[int, int]:
-    """BatchReady Events per batch number, from (reason, message) counts."""
-    out: dict[int, int] = {}
-    for (reason, message), n in evs.items():
-        if reason == "BatchReady":
-            k = int(message.split("/")[0].split()[-1])
-            out[k] = out.get(k, 0) + n
-    return out
 
 
 # --- quiet when idle: set up first, read back last ---------------------------------------------------------

@@ -6,12 +6,8 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import queue
 import re
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,45 +15,7 @@ from typing import Any
 import pytest
 
 from e2e.harness.responder import Behaviour, behaviour_from_image, fails, image_tag
-
-
-class ResponderProcess:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "e2e.harness.responder"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def send(self, **command: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-
-    def send_raw(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def event(self, timeout: float = 10.0) -> dict[str, Any]:
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no event from the responder in {timeout}s") from None
-
-    def serve(self, uid: str, ip: str, port: int, image: str = "registry.example/app:v1", pod: str = "") -> None:
-        self.send(op="serve", uid=uid, ip=ip, port=port, pod=pod or f"pod-{uid}", namespace="ns", image=image)
-        assert self.event() == {"event": "listening", "uid": uid, "ip": ip, "port": port}
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from e2e.harness.responder_client import ResponderProcess, free_port_at
 
 
 @pytest.fixture
@@ -67,12 +25,6 @@ def responder() -> Iterator[ResponderProcess]:
         yield proc
     finally:
         proc.close()
-
-
-def free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
 
 
 def get(conn: http.client.HTTPConnection, method: str = "GET", path: str = "/") -> tuple[int, dict[str, Any], str]:
@@ -127,7 +79,7 @@ def test_errors_are_spread_exactly(percent: int) -> None:
 
 
 def test_each_pod_answers_as_itself_on_any_method_and_path(responder: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("u1", "127.0.0.2", port, image="registry.example/app:v1", pod="web-a")
     responder.serve("u2", "127.0.0.3", port, image="registry.example/app:v2", pod="web-b")
     for ip, pod, image, uid in [
@@ -146,7 +98,7 @@ def test_each_pod_answers_as_itself_on_any_method_and_path(responder: ResponderP
 
 
 def test_err_tag_fails_its_share_with_the_pod_named_and_slow_tag_delays(responder: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("bad", "127.0.0.2", port, image="registry.example/app:v3-err30")
     conn = http.client.HTTPConnection("127.0.0.2", port, timeout=5)
     answers = [get(conn) for _ in range(100)]
@@ -166,7 +118,7 @@ def test_err_tag_fails_its_share_with_the_pod_named_and_slow_tag_delays(responde
 
 
 def test_stop_after_drains_then_closes_kept_alive_connections(responder: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("old", "127.0.0.2", port)
     idle = http.client.HTTPConnection("127.0.0.2", port, timeout=5)
     assert get(idle)[0] == 200  # a connection the proxy keeps alive, idle from now on
@@ -195,7 +147,7 @@ def test_stop_after_drains_then_closes_kept_alive_connections(responder: Respond
 
 
 def test_a_request_in_flight_at_the_end_of_the_grace_period_is_cut(responder: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("slow", "127.0.0.2", port, image="app:v1-slow2000ms")
     conn = http.client.HTTPConnection("127.0.0.2", port, timeout=5)
     responder.send(op="stop", uid="slow", after=0.5)
@@ -209,7 +161,7 @@ def test_a_request_in_flight_at_the_end_of_the_grace_period_is_cut(responder: Re
 def test_a_new_uid_at_a_reused_address_stops_the_old_pod_and_its_connections_at_once(
     responder: ResponderProcess,
 ) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("old", "127.0.0.2", port, pod="web-old")
     kept = http.client.HTTPConnection("127.0.0.2", port, timeout=5)
     assert get(kept)[1]["pod"] == "web-old"
@@ -234,7 +186,7 @@ def test_a_new_uid_at_a_reused_address_stops_the_old_pod_and_its_connections_at_
 
 
 def test_garbage_requests_and_bad_commands_get_errors_and_the_server_goes_on(responder: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("p", "127.0.0.2", port)
     tls_hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64)
     bad_length = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"
@@ -275,7 +227,7 @@ def test_garbage_requests_and_bad_commands_get_errors_and_the_server_goes_on(res
 
 
 def test_end_of_stdin_stops_every_pod_and_exits_0(responder: ResponderProcess) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port_at("127.0.0.2")
     responder.serve("a", "127.0.0.2", port)
     responder.serve("b", "127.0.0.3", port)
     kept = http.client.HTTPConnection("127.0.0.2", port, timeout=5)

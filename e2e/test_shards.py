@@ -19,8 +19,7 @@ from greyrelease.runtime.shards import shard_of
 
 from e2e.harness.controller import Controller, apply_release, drop_releases, gr, status, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
-from e2e.harness.reliability import audited_writes, deploy_apps, now, release_events
-from e2e.test_reliability import batch_ready_counts
+from e2e.harness.reliability import audited_writes, batch_ready_counts, deploy_apps, now, release_events
 
 pytestmark = pytest.mark.e2e
 

@@ -283,3 +283,13 @@ def release_events(cluster: Cluster, namespace: str) -> dict[str, Counter[tuple[
         name = ev["involvedObject"]["name"]
         out.setdefault(name, Counter())[(ev.get("reason") or "", ev.get("message") or "")] += int(ev.get("count") or 1)
     return out
+
+
+def batch_ready_counts(evs: dict[tuple[str, str], int]) -> dict[int, int]:
+    """BatchReady Events per batch number, from (reason, message) counts."""
+    out: dict[int, int] = {}
+    for (reason, message), n in evs.items():
+        if reason == "BatchReady":
+            k = int(message.split("/")[0].split()[-1])
+            out[k] = out.get(k, 0) + n
+    return out

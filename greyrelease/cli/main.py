@@ -198,6 +198,12 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import os
 
+    if args.webhook_cert_dir and args.webhook_service:
+        print("error: --webhook-cert-dir and --webhook-service: pass one of them", file=sys.stderr)
+        return 2
+    if not 0 <= args.webhook_port <= 65535:
+        print(f"error: --webhook-port {args.webhook_port}: not a port", file=sys.stderr)
+        return 2
     if args.shards > 1 and not args.leader_elect:
         print(
             "error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect", file=sys.stderr
@@ -253,6 +259,22 @@ async def _run(args: argparse.Namespace) -> int:
         or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
     )
     governing = Governing(max_progressing=args.max_progressing, slots_namespace=lease_ns)
+    webhook = None
+    if args.webhook_port:
+        # Served by every replica, before it waits for a Lease: the API server asks any of them.
+        from greyrelease.runtime.webhook import start as start_webhook
+
+        try:
+            webhook = await start_webhook(
+                args.webhook_port,
+                cert_dir=args.webhook_cert_dir,
+                service=args.webhook_service,
+                namespace=args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or "greyrelease-system",
+            )
+        except Exception:
+            if health is not None:
+                await health.cleanup()
+            raise
     if args.shards > 1:
         from greyrelease.runtime.sharded import run_sharded
 
@@ -266,6 +288,8 @@ async def _run(args: argparse.Namespace) -> int:
                 state=state,
             )
         finally:
+            if webhook is not None:
+                await webhook.stop()
             if health is not None:
                 await health.cleanup()
     if args.leader_elect:
@@ -303,6 +327,8 @@ async def _run(args: argparse.Namespace) -> int:
             keeper.cancel()
             if not lost.is_set():
                 await asyncio.to_thread(lease.release)
+        if webhook is not None:
+            await webhook.stop()
         if health is not None:
             await health.cleanup()
     return 1 if lost.is_set() else 0
@@ -346,6 +372,29 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="at most K releases progress at once in every namespace (a GreyReleasePolicy may set its own); "
         "the others are Queued in order of creation",
+    )
+    run.add_argument(
+        "--webhook-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve the admission webhook that holds the new pod template of an enrolled Deployment on this port "
+        "(HTTPS, every replica; 0, the default: off). With neither of the two flags below (a terminal, an API "
+        "server on this host) it listens on 127.0.0.1 with a certificate of its own and registers the "
+        "MutatingWebhookConfiguration greyrelease-hold with that URL, left registered on exit",
+    )
+    run.add_argument(
+        "--webhook-cert-dir",
+        metavar="DIR",
+        help="serve DIR/tls.crt and DIR/tls.key (read again when they change: a mounted Secret, cert-manager); "
+        "the configuration's caBundle is left to its owner",
+    )
+    run.add_argument(
+        "--webhook-service",
+        metavar="NAME",
+        help="the Service in front of the webhook, in the controller's namespace (the install: "
+        "greyrelease-webhook): a CA and a certificate for it are kept in the Secret NAME-tls, made by the first "
+        "replica, and the CA in the caBundle of greyrelease-hold",
     )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

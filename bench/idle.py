@@ -94,7 +94,7 @@ def one(cluster: Any, kube: Any, tree: Path, label: str, n: int, traced: bool, w
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        kube.delete(path("", "v1", "namespaces") + f"/{ns}")
+        kube.delete(path("", "v1", "namespaces", name=ns))
 
 
 def main() -> int:

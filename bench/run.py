@@ -135,7 +135,7 @@ class ServiceWatch(threading.Thread):
     def run(self) -> None:
         listing = self.kube.request("GET", path("", "v1", "services", self.namespace))
         rv = listing["metadata"]["resourceVersion"]
-        url = self.kube.host + path("", "v1", "services", self.namespace) + f"?watch=1&resourceVersion={rv}"
+        url = self.kube.host + path("", "v1", "services", self.namespace).path + f"?watch=1&resourceVersion={rv}"
         self._resp = self.kube._pool.request(
             "GET",
             url,

@@ -69,7 +69,7 @@ class Narrowings(threading.Thread):
         rv = self.kube.request("GET", path("", "v1", "services"))["metadata"]["resourceVersion"]
         self._resp = self.kube._pool.request(
             "GET",
-            self.kube.host + path("", "v1", "services") + f"?watch=1&resourceVersion={rv}",
+            self.kube.host + path("", "v1", "services").path + f"?watch=1&resourceVersion={rv}",
             headers=self.kube._headers(),
             preload_content=False,
             timeout=urllib3.Timeout(connect=5, read=900),

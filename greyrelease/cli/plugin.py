@@ -255,7 +255,7 @@ class Cluster:
         spec = doc.get("spec") or {}
         deployments = path("apps", "v1", "deployments", self.namespace)
         if spec.get("targetRef"):
-            found = self.kube.get(f"{deployments}/{spec['targetRef']['name']}")
+            found = self.kube.get(deployments.named(spec["targetRef"]["name"]))
             matches = [found] if found else []
         else:
             matches = self.kube.list(deployments, label_selector=f"app={spec.get('appName')},!{TRACK_LABEL}")

@@ -35,7 +35,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from tenacity.wait import wait_base
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MERGE, ApiError, Kube, Location, NotFound, parse, selects
+from greyrelease.kube.protocol import MERGE, ApiError, Kube, NotFound, Ref, selects
 
 Key = tuple[str, str]
 log = logging.getLogger("greyrelease")
@@ -196,10 +196,10 @@ class Watchable(Protocol):
     """What a Reflector needs of the API client: a plain request (the list) and a streaming watch, both
     with extra query parameters (e.g. a ``shardSelector``)."""
 
-    def request(self, method: str, path: str, *, query: dict[str, str] | None = None) -> Obj: ...
+    def request(self, method: str, ref: Ref, *, query: dict[str, str] | None = None) -> Obj: ...
 
     def watch(
-        self, path: str, *, resource_version: str | None, timeout_seconds: int, query: dict[str, str] | None = None
+        self, ref: Ref, *, resource_version: str | None, timeout_seconds: int, query: dict[str, str] | None = None
     ) -> Iterator[Obj]: ...
 
 
@@ -224,7 +224,7 @@ class Reflector:
     def __init__(
         self,
         kube: Watchable,
-        collection: str,
+        collection: Ref,
         store: Store | None = None,
         on_change: Callable[[str, Obj], None] | None = None,
         query: dict[str, str] | None = None,
@@ -350,102 +350,98 @@ class CachedKube:
     def __init__(self, inner: Kube, *, writable: Callable[[], bool] | None = None) -> None:
         self.inner = inner
         self.writable = writable
-        self._stores: dict[tuple[str, str], tuple[Store, Callable[[], bool] | None]] = {}
-        self._lists: set[tuple[str, str]] = set()
+        self._stores: dict[tuple[str, str, str], tuple[Store, Callable[[], bool] | None]] = {}
+        self._lists: set[tuple[str, str, str]] = set()
         self.hits = 0
         self.misses = 0
 
-    def cache(
-        self, api: str, plural: str, store: Store, *, ready: Callable[[], bool] | None = None, lists: bool = False
-    ) -> None:
-        """Serve ``api``/``plural`` (e.g. ``/apis/apps/v1``, ``deployments``) from ``store``; with
-        ``ready``, only while it says so (e.g. once the first list is in). With ``lists``, LISTs too (for
-        collections whose store holds every object once ready: one fed by a list and a watch)."""
-        self._stores[(api, plural)] = (store, ready)
+    def cache(self, kind: Ref, store: Store, *, ready: Callable[[], bool] | None = None, lists: bool = False) -> None:
+        """Serve the objects of ``kind`` (e.g. ``path("apps", "v1", "deployments")``, in any namespace) from
+        ``store``; with ``ready``, only while it says so (e.g. once the first list is in). With ``lists``,
+        LISTs too (for collections whose store holds every object once ready: one fed by a list and a
+        watch)."""
+        self._stores[kind.gvr] = (store, ready)
         if lists:
-            self._lists.add((api, plural))
+            self._lists.add(kind.gvr)
 
-    def _store_for(self, p: str) -> tuple[Store, Location] | None:
-        loc = parse(p)
-        if loc is None or not loc.name or (held := self._stores.get(loc.collection)) is None:
+    def _store_for(self, ref: Ref) -> Store | None:
+        """The store of the object ``ref`` (or of its subresource), if its kind is cached."""
+        if ref.name is None or (held := self._stores.get(ref.gvr)) is None:
             return None
-        return held[0], loc
+        return held[0]
 
-    def get(self, path: str) -> Obj | None:
-        found = self._store_for(path)
-        if found is not None and not found[1].sub:
-            store, loc = found
-            ready = self._stores[loc.collection][1]
+    def get(self, ref: Ref) -> Obj | None:
+        store = self._store_for(ref)
+        namespace, name = ref.namespace or "", ref.name or ""
+        if store is not None and ref.subresource is None:
+            ready = self._stores[ref.gvr][1]
             if ready is None or ready():
-                obj = store.get(loc.namespace, loc.name)
+                obj = store.get(namespace, name)
                 if obj is not None:
                     self.hits += 1
                     return obj
-                if store.absent(loc.namespace, loc.name):
+                if store.absent(namespace, name):
                     # Deleted, or asked for before and not found: a release reads its canary Deployment on
                     # every pass, also long after the promotion removed it (measured at N = 3,000, each
                     # finished release's resync pass made it a GET: 550 a minute while idle).
                     self.hits += 1
                     return None
             self.misses += 1
-        obj = self.inner.get(path)
-        if found is not None:
-            store, loc = found
+        obj = self.inner.get(ref)
+        if store is not None:
             if obj is not None:
                 store.fold(obj)
-            elif not loc.sub:
-                ready = self._stores[loc.collection][1]
+            elif ref.subresource is None:
+                ready = self._stores[ref.gvr][1]
                 if ready is None or ready():
-                    store.mark_absent(loc.namespace, loc.name)
+                    store.mark_absent(namespace, name)
         return obj
 
-    def list(self, path: str, *, label_selector: str | None = None) -> list[Obj]:
-        loc = parse(path)
-        if loc is not None and not loc.name and loc.collection in self._lists:
-            store, ready = self._stores[loc.collection]
+    def list(self, ref: Ref, *, label_selector: str | None = None) -> list[Obj]:
+        if ref.name is None and ref.gvr in self._lists:
+            store, ready = self._stores[ref.gvr]
             if ready is None or ready():
                 self.hits += 1
-                found = store.values(loc.namespace or None)
+                found = store.values(ref.namespace or None)
                 return [o for o in found if selects(label_selector, (o.get("metadata") or {}).get("labels") or {})]
-        return self.inner.list(path, label_selector=label_selector)
+        return self.inner.list(ref, label_selector=label_selector)
 
-    def _may_write(self, verb: str, path: str) -> None:
+    def _may_write(self, verb: str, ref: Ref) -> None:
         if self.writable is not None and not self.writable():
-            raise NotHeld(f"{verb} {path} refused: this replica does not hold the shard any more")
+            raise NotHeld(f"{verb} {ref} refused: this replica does not hold the shard any more")
 
-    def create(self, path: str, body: Obj) -> Obj:
-        self._may_write("POST", path)
-        out = self.inner.create(path, body)
-        self._fold(path + "/" + str((out.get("metadata") or {}).get("name", "")), out)
+    def create(self, ref: Ref, body: Obj) -> Obj:
+        self._may_write("POST", ref)
+        out = self.inner.create(ref, body)
+        self._fold(ref.named(str((out.get("metadata") or {}).get("name", ""))), out)
         return out
 
-    def patch(self, path: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        self._may_write("PATCH", path)
+    def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
+        self._may_write("PATCH", ref)
         try:
-            out = self.inner.patch(path, body, patch_type=patch_type)
+            out = self.inner.patch(ref, body, patch_type=patch_type)
         except NotFound:
-            self._gone(path)
+            self._gone(ref)
             raise
-        self._fold(path, out)
+        self._fold(ref, out)
         return out
 
-    def replace(self, path: str, body: Obj) -> Obj:
-        self._may_write("PUT", path)
+    def replace(self, ref: Ref, body: Obj) -> Obj:
+        self._may_write("PUT", ref)
         try:
-            out = self.inner.replace(path, body)
+            out = self.inner.replace(ref, body)
         except NotFound:
-            self._gone(path)
+            self._gone(ref)
             raise
-        self._fold(path, out)
+        self._fold(ref, out)
         return out
 
-    def delete(self, path: str, *, propagation: str = "Background") -> Obj | None:
-        self._may_write("DELETE", path)
-        answer = self.inner.delete(path, propagation=propagation)
-        found = self._store_for(path)
-        if found is None:
+    def delete(self, ref: Ref, *, propagation: str = "Background") -> Obj | None:
+        self._may_write("DELETE", ref)
+        answer = self.inner.delete(ref, propagation=propagation)
+        store = self._store_for(ref)
+        if store is None:
             return answer
-        store, loc = found
         meta = (answer or {}).get("metadata") or {}
         if answer is not None and answer.get("kind") != "Status" and meta.get("deletionTimestamp"):
             store.fold(answer)  # held by finalizers (e.g. a foreground deletion): still there, marked
@@ -453,17 +449,16 @@ class CachedKube:
             # Gone: no pass should see it until the watch (or a create of ours) says otherwise; a watch
             # event older than the deletion does not bring it back.
             version = meta.get("resourceVersion")
-            store.delete({"metadata": {"namespace": loc.namespace, "name": loc.name, "resourceVersion": version}})
+            store.delete({"metadata": {"namespace": ref.namespace or "", "name": ref.name, "resourceVersion": version}})
         return answer
 
-    def _gone(self, path: str) -> None:
+    def _gone(self, ref: Ref) -> None:
         """No pass should see the object until the watch (or a create of ours) says otherwise."""
-        found = self._store_for(path)
-        if found is not None:
-            store, loc = found
-            store.forget(loc.namespace, loc.name)
+        store = self._store_for(ref)
+        if store is not None:
+            store.forget(ref.namespace or "", ref.name or "")
 
-    def _fold(self, path: str, obj: Obj) -> None:
-        found = self._store_for(path)
-        if found is not None and obj.get("metadata"):
-            found[0].fold(obj)
+    def _fold(self, ref: Ref, obj: Obj) -> None:
+        store = self._store_for(ref)
+        if store is not None and obj.get("metadata"):
+            store.fold(obj)

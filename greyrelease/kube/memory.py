@@ -16,10 +16,9 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MERGE, STRATEGIC, ApiError, Conflict, Location, NotFound, parse, path, selects
+from greyrelease.kube.protocol import MERGE, STRATEGIC, ApiError, Conflict, NotFound, Ref, path, selects
 
 # --- patches -----------------------------------------------------------------------------------------
 
@@ -78,6 +77,10 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
 # --- the in-memory API server ------------------------------------------------------------------------
 
 
+#: Where :class:`MemoryKube` holds an object: group, version, resource, namespace ("" when none), name.
+Key = tuple[str, str, str, str, str]
+
+
 def without_nulls(value: Any) -> Any:
     """``value`` without null fields, at any depth: what the API server keeps (a built-in type's field
     decoded from null is omitted, and a CRD's structural schema drops nulls in fields not nullable)."""
@@ -107,8 +110,10 @@ class MemoryKube:
     - No null field is kept, nor empty ``labels``, ``annotations`` or ``finalizers`` (the API server
       omits them).
 
-    ``requests`` logs every call as ``(verb, path)``; :attr:`writes` are those that write. ``before``,
-    when set, is called with the verb and path before each call is served and may raise (an error from the
+    ``requests`` logs every call as ``(verb, ref)``, the :class:`~greyrelease.kube.protocol.Ref` it was
+    given (a test compares them with the references it builds with ``path()``); :attr:`writes` are those
+    that write. ``before``, when set, is called with the verb and reference before each call is served and
+    may raise (an error from the
     API server, or a crash of the controller at that point). ``admit``, when set, is given every object
     about to be stored and returns what to store (the defaults a real API server or a CRD fills in).
     :meth:`put` stores an object as another client would (status included).
@@ -118,10 +123,10 @@ class MemoryKube:
 
     def __init__(self, *objects: Obj) -> None:
         self._lock = threading.RLock()
-        self._objects: dict[tuple[str, str, str, str], Obj] = {}
+        self._objects: dict[Key, Obj] = {}
         self._versions = itertools.count(1)
-        self.requests: list[tuple[str, str]] = []
-        self.before: Callable[[str, str], None] | None = None
+        self.requests: list[tuple[str, Ref]] = []
+        self.before: Callable[[str, Ref], None] | None = None
         self.admit: Callable[[Obj], Obj] | None = None
         for obj in objects:
             self.put(obj)
@@ -129,8 +134,8 @@ class MemoryKube:
     # --- seeding and inspecting (as other clients and controllers would) ----------------------------
 
     @staticmethod
-    def path_of(obj: Obj) -> str:
-        """The path of ``obj`` from its apiVersion, kind and metadata (for the kinds tests use)."""
+    def path_of(obj: Obj) -> Ref:
+        """The reference of ``obj`` from its apiVersion, kind and metadata (for the kinds tests use)."""
         group, _, version = str(obj["apiVersion"]).rpartition("/")
         kind = str(obj["kind"])
         lower = kind.lower()
@@ -142,9 +147,9 @@ class MemoryKube:
 
     def put(self, obj: Obj) -> Obj:
         """Store ``obj`` as given (status too), creating or replacing it; what was stored."""
-        loc = self._locate(self.path_of(obj))
+        ref = self.path_of(obj)
         with self._lock:
-            held = self._objects.get(self._key(loc))
+            held = self._objects.get(self._key(ref))
             new = copy.deepcopy(obj)
             meta = new.setdefault("metadata", {})
             if held is None:
@@ -155,19 +160,19 @@ class MemoryKube:
                 for k in ("uid", "creationTimestamp"):
                     meta.setdefault(k, held["metadata"].get(k))
                 meta.setdefault("generation", held["metadata"].get("generation", 1))
-            return self._store(loc, new)
+            return self._store(ref, new)
 
     @property
-    def writes(self) -> list[tuple[str, str]]:
-        """The write requests so far, as ``(verb, path)``; a POST's path is its collection's."""
+    def writes(self) -> list[tuple[str, Ref]]:
+        """The write requests so far, as ``(verb, ref)``; a POST's is its collection's."""
         with self._lock:
             return [(verb, p) for verb, p in self.requests if verb in self.WRITE_VERBS]
 
-    def objects(self, collection: str | None = None) -> list[Obj]:
-        """Copies of every object (under ``collection``, a path prefix, when given)."""
+    def objects(self, collection: Ref | None = None) -> list[Obj]:
+        """Copies of every object (of ``collection`` when given: its kind, and its namespace unless None)."""
         with self._lock:
-            found = [(self._path(k), o) for k, o in self._objects.items()]
-        return [copy.deepcopy(o) for p, o in found if collection is None or p.startswith(collection + "/")]
+            found = [(k, o) for k, o in self._objects.items() if collection is None or self._within(k, collection)]
+        return [copy.deepcopy(o) for _, o in found]
 
     def collect(self) -> None:
         """Finish foreground deletions, as the garbage collector does once the dependents are gone."""
@@ -183,50 +188,48 @@ class MemoryKube:
 
     # --- Kube ---------------------------------------------------------------------------------------
 
-    def get(self, path: str) -> Obj | None:
-        loc = self._serve("GET", path)
+    def get(self, ref: Ref) -> Obj | None:
+        self._serve("GET", ref)
         with self._lock:
-            found = self._objects.get(self._key(loc))
+            found = self._objects.get(self._key(ref))
             return copy.deepcopy(found) if found is not None else None
 
-    def list(self, path: str, *, label_selector: str | None = None) -> list[Obj]:
-        loc = self._serve("LIST", path)
+    def list(self, ref: Ref, *, label_selector: str | None = None) -> list[Obj]:
+        self._serve("LIST", ref)
         with self._lock:
             found = [
                 copy.deepcopy(o)
-                for (api, plural, ns, _), o in sorted(self._objects.items())
-                if (api, plural) == loc.collection
-                and (not loc.namespace or ns == loc.namespace)
-                and selects(label_selector, o["metadata"].get("labels") or {})
+                for k, o in sorted(self._objects.items())
+                if self._within(k, ref) and selects(label_selector, o["metadata"].get("labels") or {})
             ]
         return found
 
-    def create(self, path: str, body: Obj) -> Obj:
-        loc = self._serve("POST", path)
+    def create(self, ref: Ref, body: Obj) -> Obj:
+        self._serve("POST", ref)
         name = (body.get("metadata") or {}).get("name")
         if not name:
             raise ApiError(422, "Invalid", "metadata.name: Required value")
-        target = Location(loc.api, loc.plural, loc.namespace, name)
+        target = ref.named(name)
         with self._lock:
             if self._key(target) in self._objects:
-                raise Conflict(409, "AlreadyExists", f'{loc.plural} "{name}" already exists')
+                raise Conflict(409, "AlreadyExists", f'{ref.resource} "{name}" already exists')
             new = copy.deepcopy(body)
             new.pop("status", None)
             meta = new.setdefault("metadata", {})
-            if loc.namespace:
-                meta["namespace"] = loc.namespace
+            if ref.namespace:
+                meta["namespace"] = ref.namespace
             for k in ("resourceVersion", "deletionTimestamp"):
                 meta.pop(k, None)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
             return self._store(target, new)
 
-    def patch(self, path: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        loc = self._serve("PATCH", path)
+    def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
+        self._serve("PATCH", ref)
         apply = strategic_merge_patch if patch_type == STRATEGIC else merge_patch
         with self._lock:
-            held = self._held(loc)
+            held = self._held(ref)
             self._precondition(held, body)
-            if loc.sub == "status":
+            if ref.subresource == "status":
                 new = copy.deepcopy(held)
                 patched = apply({"status": held.get("status")}, {"status": body.get("status")})
                 new["status"] = patched.get("status")
@@ -234,70 +237,63 @@ class MemoryKube:
                     new.pop("status")
             else:
                 new = apply(held, {k: v for k, v in body.items() if k != "status"})
-            return self._write(loc, held, new)
+            return self._write(ref, held, new)
 
-    def replace(self, path: str, body: Obj) -> Obj:
-        loc = self._serve("PUT", path)
+    def replace(self, ref: Ref, body: Obj) -> Obj:
+        self._serve("PUT", ref)
         with self._lock:
-            held = self._held(loc)
+            held = self._held(ref)
             self._precondition(held, body)
             new = copy.deepcopy(body)
-            if loc.sub == "status":
+            if ref.subresource == "status":
                 new = {**copy.deepcopy(held), "status": new.get("status")}
             elif "status" in held:
                 new["status"] = copy.deepcopy(held["status"])
             else:
                 new.pop("status", None)
-            return self._write(loc, held, new)
+            return self._write(ref, held, new)
 
-    def delete(self, path: str, *, propagation: str = "Background") -> Obj | None:
-        loc = self._serve("DELETE", path)
+    def delete(self, ref: Ref, *, propagation: str = "Background") -> Obj | None:
+        self._serve("DELETE", ref)
         with self._lock:
-            held = self._objects.get(self._key(loc))
+            held = self._objects.get(self._key(ref))
             if held is None:
                 return None
             finalizers = list(held["metadata"].get("finalizers") or [])
             if propagation == "Foreground" and "foregroundDeletion" not in finalizers:
                 finalizers.append("foregroundDeletion")
             if not finalizers:
-                gone = self._objects.pop(self._key(loc))
+                gone = self._objects.pop(self._key(ref))
                 gone["metadata"]["resourceVersion"] = str(next(self._versions))  # the deletion's revision
                 return copy.deepcopy(gone)
             if held["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(held)
             new = copy.deepcopy(held)
             new["metadata"].update(finalizers=finalizers, deletionTimestamp=_now())
-            return self._store(loc, new)
+            return self._store(ref, new)
 
     # --- inside -------------------------------------------------------------------------------------
 
     @staticmethod
-    def _locate(p: str) -> Location:
-        loc = parse(p)
-        if loc is None:
-            raise ApiError(404, "NotFound", f"no such path {p}")
-        return loc
+    def _key(ref: Ref) -> Key:
+        """Where an object is held: its kind, namespace and name (a subresource is of the object)."""
+        return ref.group, ref.version, ref.resource, ref.namespace or "", ref.name or ""
 
     @staticmethod
-    def _key(loc: Location) -> tuple[str, str, str, str]:
-        return loc.api, loc.plural, loc.namespace, loc.name
+    def _within(key: Key, collection: Ref) -> bool:
+        """Whether the object held at ``key`` is of ``collection`` (its namespace's, or any when None)."""
+        return key[:3] == collection.gvr and (not collection.namespace or key[3] == collection.namespace)
 
-    @staticmethod
-    def _path(key: tuple[str, str, str, str]) -> str:
-        api, plural, ns, name = key
-        return api + (f"/namespaces/{quote(ns)}" if ns else "") + f"/{plural}/{quote(name)}"
-
-    def _serve(self, verb: str, p: str) -> Location:
+    def _serve(self, verb: str, ref: Ref) -> None:
         with self._lock:
-            self.requests.append((verb, p))
+            self.requests.append((verb, ref))
         if self.before is not None:
-            self.before(verb, p)
-        return self._locate(p)
+            self.before(verb, ref)
 
-    def _held(self, loc: Location) -> Obj:
-        held = self._objects.get(self._key(loc))
+    def _held(self, ref: Ref) -> Obj:
+        held = self._objects.get(self._key(ref))
         if held is None:
-            raise NotFound(404, "NotFound", f'{loc.plural} "{loc.name}" not found')
+            raise NotFound(404, "NotFound", f'{ref.resource} "{ref.name}" not found')
         return held
 
     @staticmethod
@@ -306,7 +302,7 @@ class MemoryKube:
         if want is not None and str(want) != held["metadata"]["resourceVersion"]:
             raise Conflict(409, "Conflict", "the object has been modified; apply your changes to the latest version")
 
-    def _write(self, loc: Location, held: Obj, new: Obj) -> Obj:
+    def _write(self, ref: Ref, held: Obj, new: Obj) -> Obj:
         meta = new.setdefault("metadata", {})
         for k in ("uid", "creationTimestamp", "deletionTimestamp", "namespace", "name"):
             if k in held["metadata"]:
@@ -314,23 +310,23 @@ class MemoryKube:
         generation = int(held["metadata"].get("generation", 1))
         meta["generation"] = generation + (1 if new.get("spec") != held.get("spec") else 0)
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            del self._objects[self._key(loc)]  # the last finalizer removed: the object goes
+            del self._objects[self._key(ref)]  # the last finalizer removed: the object goes
             out = copy.deepcopy(new)
             out["metadata"]["resourceVersion"] = str(next(self._versions))
             return out
-        return self._store(loc, new)
+        return self._store(ref, new)
 
-    def _store(self, loc: Location, obj: Obj) -> Obj:
+    def _store(self, ref: Ref, obj: Obj) -> Obj:
         if self.admit is not None:
             obj = self.admit(obj)
         obj = without_nulls(obj)
         meta = obj["metadata"]
-        meta["name"] = loc.name
-        if loc.namespace:
-            meta["namespace"] = loc.namespace
+        meta["name"] = ref.name
+        if ref.namespace:
+            meta["namespace"] = ref.namespace
         for k in ("labels", "annotations", "finalizers"):
             if k in meta and not meta[k]:
                 del meta[k]
         meta["resourceVersion"] = str(next(self._versions))
-        self._objects[self._key(loc)] = obj
+        self._objects[self._key(ref)] = obj
         return copy.deepcopy(obj)

@@ -1,9 +1,11 @@
 """The I/O seam: the few calls the controller makes to the Kubernetes API.
 
 Everything that reads or writes cluster objects (the reconciler, the workload and traffic adapters, the
-read cache, the leader's Lease) talks to a :class:`Kube`: GET, LIST, CREATE, PATCH, PUT and DELETE on API
-paths, with plain dicts in and out (the JSON the API server speaks) and typed errors. A status write is a
-PATCH of the ``/status`` subresource, an Event a CREATE in the ``events`` collection.
+read cache, the leader's Lease) talks to a :class:`Kube`: GET, LIST, CREATE, PATCH, PUT and DELETE on
+references to collections and objects (:class:`Ref`, built by :func:`path`), with plain dicts in and out
+(the JSON the API server speaks) and typed errors. A status write is a PATCH of the ``status``
+subresource, an Event a CREATE in the ``events`` collection. A reference is built from its parts and
+turned into a REST path only where a request is sent; nothing takes a path string back apart.
 
 Two implementations: :class:`greyrelease.kube.client.KubeClient` speaks to a real API server, and
 :class:`greyrelease.kube.memory.MemoryKube` is a small API server in memory for tests.
@@ -11,10 +13,9 @@ Two implementations: :class:`greyrelease.kube.client.KubeClient` speaks to a rea
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from greyrelease.api.release import Obj
 
@@ -38,81 +39,95 @@ class Conflict(ApiError):
     pass
 
 
-class Kube(Protocol):
-    """The API calls the controller makes. Paths are REST paths as built by :func:`path`."""
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """Where a collection, an object or an object's subresource is served: what every :class:`Kube` call
+    takes, built by :func:`path` (``path("apps", "v1", "deployments", "shop", "web")``) and never taken
+    back apart from a string. ``group`` is ``""`` for the core API; ``namespace`` is None for a
+    cluster-scoped kind or a collection across namespaces; ``name`` is None for a collection.
+    ``str(ref)`` is its REST path, as the API server serves it."""
 
-    def get(self, path: str) -> Obj | None:
-        """The object, or None when there is none (404)."""
-        ...
+    group: str
+    version: str
+    resource: str
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
 
-    def list(self, path: str, *, label_selector: str | None = None) -> list[Obj]: ...
+    @property
+    def api(self) -> str:
+        """``/api/<version>`` for the core API, ``/apis/<group>/<version>`` for the others."""
+        return f"/api/{self.version}" if self.group == "" else f"/apis/{self.group}/{self.version}"
 
-    def create(self, path: str, body: Obj) -> Obj:
-        """POST ``body`` to the collection ``path``; :class:`Conflict` when the name is taken."""
-        ...
+    @property
+    def path(self) -> str:
+        """The REST path: ``/apis/apps/v1/namespaces/shop/deployments/web``."""
+        base = self.api
+        if self.namespace is not None:
+            base += f"/namespaces/{quote(self.namespace)}"
+        base += f"/{self.resource}"
+        if self.name is not None:
+            base += f"/{quote(self.name)}"
+        if self.subresource is not None:
+            base += f"/{self.subresource}"
+        return base
 
-    def patch(self, path: str, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        """A merge (or strategic merge) patch; a ``metadata.resourceVersion`` in it is a precondition."""
-        ...
+    @property
+    def gvr(self) -> tuple[str, str, str]:
+        """The kind's group, version and resource, whatever the namespace and name."""
+        return self.group, self.version, self.resource
 
-    def replace(self, path: str, body: Obj) -> Obj:
-        """PUT; the body's ``metadata.resourceVersion`` is a precondition (409 when it is not current)."""
-        ...
+    @property
+    def collection(self) -> Ref:
+        """The collection the object is in (the same namespace)."""
+        return replace(self, name=None, subresource=None)
 
-    def delete(self, path: str, *, propagation: str = "Background") -> Obj | None:
-        """Delete; the API server's answer (the object as deleted, or marked for deletion while finalizers
-        hold it), None when it was already gone."""
-        ...
+    def named(self, name: str) -> Ref:
+        """The object ``name`` of this collection."""
+        return replace(self, name=name, subresource=None)
+
+    def sub(self, subresource: str) -> Ref:
+        """A subresource of this object (``status``)."""
+        if self.name is None:
+            raise ValueError(f"{self}: a collection has no subresource {subresource!r}")
+        return replace(self, subresource=subresource)
+
+    def __str__(self) -> str:
+        return self.path
 
 
 def path(
     group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None
-) -> str:
-    """The REST path of a collection or object: ``path("apps", "v1", "deployments", "ns", "web")``."""
-    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
-    if namespace is not None:
-        base += f"/namespaces/{quote(namespace)}"
-    base += f"/{plural}"
-    if name is not None:
-        base += f"/{quote(name)}"
-    if sub is not None:
-        base += f"/{sub}"
-    return base
+) -> Ref:
+    """The reference of a collection or object: ``path("apps", "v1", "deployments", "ns", "web")``."""
+    return Ref(group, version, plural, namespace, name, sub)
 
 
-_PATH = re.compile(
-    r"^(?P<api>/api/[^/]+|/apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)"
-    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
-)
+class Kube(Protocol):
+    """The API calls the controller makes, on references built by :func:`path`."""
 
+    def get(self, ref: Ref) -> Obj | None:
+        """The object, or None when there is none (404)."""
+        ...
 
-@dataclass(frozen=True)
-class Location:
-    """A REST path taken apart: ``api`` is ``/api/v1`` or ``/apis/<group>/<version>``."""
+    def list(self, ref: Ref, *, label_selector: str | None = None) -> list[Obj]: ...
 
-    api: str
-    plural: str
-    namespace: str = ""
-    name: str = ""
-    sub: str = ""
+    def create(self, ref: Ref, body: Obj) -> Obj:
+        """POST ``body`` to the collection ``ref``; :class:`Conflict` when the name is taken."""
+        ...
 
-    @property
-    def collection(self) -> tuple[str, str]:
-        return self.api, self.plural
+    def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
+        """A merge (or strategic merge) patch; a ``metadata.resourceVersion`` in it is a precondition."""
+        ...
 
+    def replace(self, ref: Ref, body: Obj) -> Obj:
+        """PUT; the body's ``metadata.resourceVersion`` is a precondition (409 when it is not current)."""
+        ...
 
-def parse(p: str) -> Location | None:
-    """The parts of a path built by :func:`path`; None for anything else."""
-    m = _PATH.match(p.split("?", 1)[0])
-    if m is None:
-        return None
-    return Location(
-        api=m["api"],
-        plural=m["plural"],
-        namespace=unquote(m["ns"] or ""),
-        name=unquote(m["name"] or ""),
-        sub=m["sub"] or "",
-    )
+    def delete(self, ref: Ref, *, propagation: str = "Background") -> Obj | None:
+        """Delete; the API server's answer (the object as deleted, or marked for deletion while finalizers
+        hold it), None when it was already gone."""
+        ...
 
 
 # --- label selectors ---------------------------------------------------------------------------------

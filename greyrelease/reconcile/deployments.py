@@ -10,11 +10,11 @@ functions of :mod:`greyrelease.kube.workload`.
 from __future__ import annotations
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import STRATEGIC, Kube, path
+from greyrelease.kube.protocol import STRATEGIC, Kube, Ref, path
 from greyrelease.kube.workload import build_canary, canary_patch, controller_uid, stable_image_patch
 
 
-def deployments_path(namespace: str, name: str | None = None) -> str:
+def deployments_path(namespace: str, name: str | None = None) -> Ref:
     return path("apps", "v1", "deployments", namespace, name)
 
 
@@ -65,6 +65,6 @@ class Deployments:
             return
         self.kube.delete(deployments_path(self.namespace, canary["metadata"]["name"]), propagation="Foreground")
 
-    def _target_path(self) -> str:
+    def _target_path(self) -> Ref:
         assert self.target is not None
         return deployments_path(self.namespace, self.target["metadata"]["name"])

@@ -37,7 +37,7 @@ from greyrelease.api.release import (
     parse_time,
 )
 from greyrelease.kube.cache import uncached
-from greyrelease.kube.protocol import Kube, NotFound, path
+from greyrelease.kube.protocol import Kube, NotFound, Ref, path
 from greyrelease.planner.governance import Predecessor, Queue, Rules, Source, find_cycle, queue_order
 from greyrelease.planner.machine import progressing
 from greyrelease.reconcile.slots import Holder, holders_of, lease_path
@@ -76,7 +76,7 @@ class Governance:
     cycle: tuple[str, ...]
 
 
-def releases_path(namespace: str | None = None) -> str:
+def releases_path(namespace: str | None = None) -> Ref:
     return path(GROUP, VERSION, PLURAL, namespace)
 
 
@@ -178,7 +178,7 @@ def _status(obj: Obj) -> GreyReleaseStatus:
 def _ended(kube: Kube, holder: Holder) -> bool:
     """A holder that is gone, or whose release stopped progressing after it took the slot (a release that
     has just taken one may not show its new phase yet: it is not counted out)."""
-    found = kube.get(releases_path(holder.namespace) + "/" + holder.name)
+    found = kube.get(releases_path(holder.namespace).named(holder.name))
     if found is None or (found.get("metadata") or {}).get("uid") != holder.uid:
         return True
     st = _status(found)
@@ -235,7 +235,7 @@ def _ahead(
 def read_predecessors(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> tuple[Predecessor, ...]:
     out = []
     for after in spec.after or ():
-        found = kube.get(releases_path(namespace) + "/" + after.name)
+        found = kube.get(releases_path(namespace).named(after.name))
         if found is None:
             out.append(Predecessor(after.name))
             continue

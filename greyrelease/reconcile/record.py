@@ -41,13 +41,13 @@ from greyrelease.api.release import (
     GreyReleaseStatus,
     Obj,
 )
-from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, path
+from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, Ref, path
 from greyrelease.planner.actions import Event, Plan
 
 log = logging.getLogger("greyrelease")
 
 
-def release_path(namespace: str, name: str, sub: str | None = None) -> str:
+def release_path(namespace: str, name: str, sub: str | None = None) -> Ref:
     return path(GROUP, VERSION, PLURAL, namespace, name, sub)
 
 

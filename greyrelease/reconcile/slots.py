@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from greyrelease.api.release import Obj, fmt_time
-from greyrelease.kube.protocol import Conflict, Kube, path
+from greyrelease.kube.protocol import Conflict, Kube, Ref, path
 
 HOLDERS_ANNOTATION = "greyrelease.io/holders"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "greyrelease"}
@@ -31,8 +31,8 @@ class Holder:
         return {"uid": self.uid, "namespace": self.namespace, "name": self.name, "since": self.since}
 
 
-def lease_path(ref: str) -> str:
-    """The path of the Lease ``namespace/name``."""
+def lease_path(ref: str) -> Ref:
+    """The reference of the Lease ``namespace/name``."""
     namespace, name = ref.split("/", 1)
     return path("coordination.k8s.io", "v1", "leases", namespace, name)
 

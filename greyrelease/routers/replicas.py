@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from greyrelease.api.release import GreyReleaseStatus
-from greyrelease.kube.protocol import Kube, path
+from greyrelease.kube.protocol import Kube, Ref, path
 from greyrelease.kube.workload import canary_name, controller_uid
 
 
@@ -20,9 +20,9 @@ class ReplicaRouter:
         self.status = status
 
     @property
-    def canary_path(self) -> str:
+    def canary_path(self) -> Ref | None:
         target = self.status().target_name
-        return path("apps", "v1", "deployments", self.namespace, canary_name(target)) if target else ""
+        return path("apps", "v1", "deployments", self.namespace, canary_name(target)) if target else None
 
     def problem(self) -> str:
         return ""

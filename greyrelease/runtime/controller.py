@@ -194,7 +194,7 @@ class Runtime:
         self.policies = Store()
         self.kube = CachedKube(kube, writable=shard.writable if shard is not None else None)
         # (Lists of releases are read only by releases waiting to start under a limit or after another.)
-        self.kube.cache(f"/apis/{GROUP}/{VERSION}", PLURAL, self.releases, lists=True)
+        self.kube.cache(path(GROUP, VERSION, PLURAL), self.releases, lists=True)
         self.registry = Registry()
         self.reconciler = Reconciler(self.kube, governing=governing)
         self.phases = phases or metrics.Phases()
@@ -371,8 +371,7 @@ class Runtime:
                 Reflector(api, path(group, version, plural, ns), store, on_change=on_change, query=query).start()
                 for ns in ([*namespaces] if namespaces else [None])
             ]
-            prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
-            self.kube.cache(prefix, plural, store, ready=lambda: all(r.synced.is_set() for r in found))
+            self.kube.cache(path(group, version, plural), store, ready=lambda: all(r.synced.is_set() for r in found))
             return found
 
         def policy(kind: str, obj: Obj) -> None:
@@ -384,11 +383,7 @@ class Runtime:
         # never starts a batch without the freezes and limits that apply to it.
         policies = [Reflector(api, path(GROUP, VERSION, POLICY_PLURAL), self.policies, on_change=policy).start()]
         self.kube.cache(
-            f"/apis/{GROUP}/{VERSION}",
-            POLICY_PLURAL,
-            self.policies,
-            ready=lambda: policies[0].synced.is_set(),
-            lists=True,
+            path(GROUP, VERSION, POLICY_PLURAL), self.policies, ready=lambda: policies[0].synced.is_set(), lists=True
         )
         self._reflectors = deployments + policies + reflect("", "v1", "services", self.services)
         timeout = self.tuning.sync_timeout

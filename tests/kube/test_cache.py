@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from greyrelease.kube.cache import CachedKube, Reflector, Store
-from greyrelease.kube.protocol import ApiError, MemoryKube, NotFound
+from greyrelease.kube.protocol import ApiError, MemoryKube, NotFound, path
 from tenacity import wait_fixed
 
 
@@ -120,7 +120,7 @@ def test_a_packed_store_holds_json_and_hands_out_the_same_bodies() -> None:
     assert packed.values() == plain.values()
 
 
-DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+DEPLOYMENTS = path("apps", "v1", "deployments", "default")
 
 
 def deployment(name: str, **spec: Any) -> dict[str, Any]:
@@ -138,40 +138,40 @@ def cached() -> tuple[CachedKube, MemoryKube, Store]:
     api = MemoryKube()
     client = CachedKube(api)
     store = Store()
-    client.cache("/apis/apps/v1", "deployments", store)
+    client.cache(DEPLOYMENTS, store)
     return client, api, store
 
 
 def test_reads_come_from_the_store_and_fall_back_to_the_api(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = cached
     store.fold({**obj("web", 5), "spec": {"replicas": 2}})
-    assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 2}  # type: ignore[index]
+    assert client.get(DEPLOYMENTS.named("web"))["spec"] == {"replicas": 2}  # type: ignore[index]
     assert api.requests == []
     api.put(deployment("other"))
-    assert client.get(f"{DEPLOYMENTS}/other") is not None
-    assert api.requests == [("GET", f"{DEPLOYMENTS}/other")]
-    assert client.get(f"{DEPLOYMENTS}/other") is not None  # kept from the first answer
+    assert client.get(DEPLOYMENTS.named("other")) is not None
+    assert api.requests == [("GET", DEPLOYMENTS.named("other"))]
+    assert client.get(DEPLOYMENTS.named("other")) is not None  # kept from the first answer
     assert len(api.requests) == 1
-    assert client.get(f"{DEPLOYMENTS}/missing") is None
+    assert client.get(DEPLOYMENTS.named("missing")) is None
     assert (client.hits, client.misses) == (2, 2)
     # Not found is remembered: asked again, nothing goes to the API server until the watch brings it.
-    assert client.get(f"{DEPLOYMENTS}/missing") is None
+    assert client.get(DEPLOYMENTS.named("missing")) is None
     assert len(api.requests) == 2 and (client.hits, client.misses) == (3, 2)
     store.fold(obj("missing", 7))
-    assert client.get(f"{DEPLOYMENTS}/missing") is not None and len(api.requests) == 2
+    assert client.get(DEPLOYMENTS.named("missing")) is not None and len(api.requests) == 2
 
 
 def test_a_deleted_object_is_answered_from_memory_without_asking(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, _ = cached
     client.create(DEPLOYMENTS, {"metadata": {"name": "web-canary"}})
-    client.delete(f"{DEPLOYMENTS}/web-canary")  # the promotion removes the canary
+    client.delete(DEPLOYMENTS.named("web-canary"))  # the promotion removes the canary
     api.requests.clear()
     for _ in range(3):
-        assert client.get(f"{DEPLOYMENTS}/web-canary") is None
+        assert client.get(DEPLOYMENTS.named("web-canary")) is None
     assert api.requests == []
     # Created again (by us): served from the create's answer.
     client.create(DEPLOYMENTS, {"metadata": {"name": "web-canary"}})
-    assert client.get(f"{DEPLOYMENTS}/web-canary") is not None
+    assert client.get(DEPLOYMENTS.named("web-canary")) is not None
 
 
 def test_a_not_found_answer_does_not_hide_a_body_folded_meanwhile() -> None:
@@ -188,17 +188,17 @@ def test_writes_fold_their_responses(cached: tuple[CachedKube, MemoryKube, Store
     assert version_of(store, "web") == str(version)
     store.fold({**obj("web", version - 1), "spec": {"replicas": 1}})  # a late watch event of an older state
     assert version_of(store, "web") == str(version)
-    client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 4}})
-    assert client.get(f"{DEPLOYMENTS}/web")["spec"] == {"replicas": 4}  # type: ignore[index]
+    client.patch(DEPLOYMENTS.named("web"), {"spec": {"replicas": 4}})
+    assert client.get(DEPLOYMENTS.named("web"))["spec"] == {"replicas": 4}  # type: ignore[index]
     assert [m for m, _ in api.requests] == ["POST", "PATCH"]
 
 
 def test_other_collections_are_not_cached(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = cached
-    services = "/api/v1/namespaces/default/services"
+    service = path("", "v1", "services", "default", "web")
     api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"}})
-    client.get(f"{services}/web")
-    client.get(f"{services}/web")
+    client.get(service)
+    client.get(service)
     assert len(api.requests) == 2 and len(store) == 0
 
 
@@ -208,16 +208,16 @@ def test_a_deleted_object_is_not_served_from_memory_before_the_watch_says_so(
     client, _, store = cached
     created = client.create(DEPLOYMENTS, {"metadata": {"name": "web"}})
     client.create(DEPLOYMENTS, {"metadata": {"name": "held"}})
-    assert client.delete(f"{DEPLOYMENTS}/web") is not None
+    assert client.delete(DEPLOYMENTS.named("web")) is not None
     assert store.get("default", "web") is None
     store.fold(created)  # a late watch event of the state before the deletion
     assert store.get("default", "web") is None
     # Deleted in the foreground: still there, marked, until its pods are gone.
-    client.delete(f"{DEPLOYMENTS}/held", propagation="Foreground")
+    client.delete(DEPLOYMENTS.named("held"), propagation="Foreground")
     assert (store.get("default", "held") or {})["metadata"].get("deletionTimestamp")
     # Already gone: nothing is kept either.
     store.fold(obj("ghost", 90))
-    assert client.delete(f"{DEPLOYMENTS}/ghost") is None
+    assert client.delete(DEPLOYMENTS.named("ghost")) is None
     assert store.get("default", "ghost") is None
 
 
@@ -225,7 +225,7 @@ def test_a_write_answered_404_drops_the_object_from_memory(cached: tuple[CachedK
     client, _, store = cached
     store.fold(obj("web", 5))  # its deletion was never seen (a watch being reopened, say)
     with pytest.raises(NotFound):
-        client.patch(f"{DEPLOYMENTS}/web", {"spec": {"replicas": 1}})
+        client.patch(DEPLOYMENTS.named("web"), {"spec": {"replicas": 1}})
     assert store.get("default", "web") is None
 
 
@@ -233,13 +233,13 @@ def test_nothing_is_served_until_ready(cached: tuple[CachedKube, MemoryKube, Sto
     client, api, _ = cached
     store = Store()
     ready = threading.Event()
-    client.cache("/apis/apps/v1", "deployments", store, ready=ready.is_set)
+    client.cache(DEPLOYMENTS, store, ready=ready.is_set)
     store.fold(obj("web", 1))
     stored = api.put(deployment("web"))["metadata"]["resourceVersion"]
     assert version_of(store, "web") == "1"
-    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == stored  # type: ignore[index]
+    assert client.get(DEPLOYMENTS.named("web"))["metadata"]["resourceVersion"] == stored  # type: ignore[index]
     ready.set()
-    assert client.get(f"{DEPLOYMENTS}/web")["metadata"]["resourceVersion"] == stored  # type: ignore[index]
+    assert client.get(DEPLOYMENTS.named("web"))["metadata"]["resourceVersion"] == stored  # type: ignore[index]
     assert len(api.requests) == 1
 
 

@@ -10,8 +10,8 @@ from greyrelease.kube.protocol import (
     Conflict,
     MemoryKube,
     NotFound,
+    Ref,
     merge_patch,
-    parse,
     path,
     selects,
     strategic_merge_patch,
@@ -30,22 +30,28 @@ def deployment(**spec: Any) -> dict[str, Any]:
     }
 
 
-def test_paths_are_taken_apart() -> None:
-    loc = parse(path("greyrelease.io", "v1", "greyreleases", "shop", "web", "status"))
-    assert loc is not None and (loc.api, loc.plural, loc.namespace, loc.name, loc.sub) == (
+def test_references_are_built_from_their_parts_and_give_the_rest_path() -> None:
+    status = path("greyrelease.io", "v1", "greyreleases", "shop", "web", "status")
+    assert (status.api, status.resource, status.namespace, status.name, status.subresource) == (
         "/apis/greyrelease.io/v1",
         "greyreleases",
         "shop",
         "web",
         "status",
     )
-    namespace = parse(path("", "v1", "namespaces", name="shop"))
-    assert namespace is not None and (namespace.plural, namespace.namespace, namespace.name) == (
-        "namespaces",
-        "",
-        "shop",
-    )
-    assert parse("/healthz") is None
+    assert status.path == str(status) == "/apis/greyrelease.io/v1/namespaces/shop/greyreleases/web/status"
+    namespace = path("", "v1", "namespaces", name="shop")
+    assert (namespace.resource, namespace.namespace, namespace.name) == ("namespaces", None, "shop")
+    assert namespace.path == "/api/v1/namespaces/shop"
+    assert path("", "v1", "pods").path == "/api/v1/pods"
+    # The helpers: a collection, an object of it, its subresource; names are quoted in the path.
+    assert status.collection == path("greyrelease.io", "v1", "greyreleases", "shop")
+    assert status.collection == Ref("greyrelease.io", "v1", "greyreleases", namespace="shop")
+    assert DEPLOYMENTS.named("web") == WEB and WEB.sub("status").collection == DEPLOYMENTS
+    assert WEB.gvr == DEPLOYMENTS.gvr == ("apps", "v1", "deployments")
+    assert DEPLOYMENTS.named("a b").path == "/apis/apps/v1/namespaces/shop/deployments/a%20b"
+    with pytest.raises(ValueError):
+        DEPLOYMENTS.sub("status")
 
 
 def test_create_get_and_the_answers_for_missing_and_taken_names() -> None:
@@ -88,7 +94,7 @@ def test_the_status_subresource_is_written_apart_from_the_object() -> None:
     kube = MemoryKube(deployment(replicas=1))
     kube.patch(WEB, {"spec": {"replicas": 2}, "status": {"replicas": 9}})
     assert "status" not in (kube.get(WEB) or {})
-    kube.patch(WEB + "/status", {"spec": {"replicas": 7}, "status": {"replicas": 2, "note": None}})
+    kube.patch(WEB.sub("status"), {"spec": {"replicas": 7}, "status": {"replicas": 2, "note": None}})
     web = kube.get(WEB) or {}
     assert web["status"] == {"replicas": 2} and web["spec"] == {"replicas": 2}
 

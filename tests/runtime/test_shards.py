@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from greyrelease.kube.protocol import MemoryKube
+from greyrelease.kube.protocol import MemoryKube, path
 from greyrelease.runtime.shards import (
     SPACE,
     Held,
@@ -162,7 +162,7 @@ def test_a_replica_cut_off_stops_writing_before_another_takes_its_shard_over() -
     assert overlaps == []  # b refused writes before a took its shard (sampled every 10 ms)
     assert moved >= 0.8  # not before b's Lease could have expired (its last renewal was at most 0.2 s before)
     # Every Lease was given up or deleted on the clean stop.
-    leases = kube.objects("/apis/coordination.k8s.io/v1/namespaces/system/leases")
+    leases = kube.objects(path("coordination.k8s.io", "v1", "leases", "system"))
     assert [lease["metadata"]["name"] for lease in leases if lease["spec"].get("holderIdentity")] == []
 
 
@@ -221,7 +221,7 @@ def test_a_replica_takes_nothing_while_an_older_replica_runs_with_another_shard_
         loop = asyncio.create_task(shards.run(stopping))
         await asyncio.sleep(0.6)
         assert started == [] and shards.held == {}
-        kube.delete("/apis/coordination.k8s.io/v1/namespaces/system/leases/greyrelease-member-old")
+        kube.delete(path("coordination.k8s.io", "v1", "leases", "system", "greyrelease-member-old"))
         for _ in range(500):
             if len(started) == 2:
                 break

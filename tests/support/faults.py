@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MemoryKube
+from greyrelease.kube.protocol import MemoryKube, Ref
 
 
 class Crash(Exception):
@@ -20,7 +20,7 @@ def crash_before_write(kube: MemoryKube, at: int) -> MemoryKube:
     the restarted controller runs on. Returns ``kube``."""
     count = 0
 
-    def before(verb: str, p: str) -> None:
+    def before(verb: str, p: Ref) -> None:
         nonlocal count, at
         if verb in MemoryKube.WRITE_VERBS:
             if count == at:
@@ -37,16 +37,16 @@ def refuse(
     error: Callable[[], Exception],
     *,
     verb: str | None = None,
-    path: str | None = None,
+    path: Ref | None = None,
     skip: int = 0,
     times: int | None = None,
-) -> list[str]:
+) -> list[Ref]:
     """From now on, answer the requests to ``kube`` that match (``verb`` and ``path``; any, when None) with
     ``error()``: the first ``skip`` that match are served, then ``times`` of them (all, when None) refused.
     The paths of the requests that matched, served or refused, are appended to the list returned."""
-    matched: list[str] = []
+    matched: list[Ref] = []
 
-    def before(v: str, p: str) -> None:
+    def before(v: str, p: Ref) -> None:
         if (verb is None or v == verb) and (path is None or p == path):
             matched.append(p)
             if len(matched) > skip and (times is None or len(matched) <= skip + times):
@@ -60,38 +60,39 @@ class Lagging:
     """The controller's view of the cluster with its store behind: reads of the Deployments and Services
     come from ``snapshot`` (a watch event or more behind) while ``lag`` is set; writes go through."""
 
-    LAGGING = ("/deployments", "/services")
+    LAGGING = ("deployments", "services")
 
     def __init__(self, inner: MemoryKube) -> None:
         self.inner = inner
-        self.snapshot: dict[str, Obj] = {}
+        self.snapshot: dict[Ref, Obj] = {}
         self.lag = False
 
     def freeze(self) -> None:
         self.snapshot = {MemoryKube.path_of(o): copy.deepcopy(o) for o in self.inner.objects()}
 
-    def _stale(self, p: str) -> bool:
-        return self.lag and any(f"{kind}/" in p or p.endswith(kind) for kind in self.LAGGING)
+    def _stale(self, p: Ref) -> bool:
+        return self.lag and p.resource in self.LAGGING
 
-    def get(self, p: str) -> Obj | None:
+    def get(self, p: Ref) -> Obj | None:
         if self._stale(p):
             found = self.snapshot.get(p)
             return copy.deepcopy(found) if found is not None else None
         return self.inner.get(p)
 
-    def list(self, p: str, *, label_selector: str | None = None) -> list[Obj]:
+    def list(self, p: Ref, *, label_selector: str | None = None) -> list[Obj]:
         if self._stale(p):
-            return [copy.deepcopy(o) for k, o in sorted(self.snapshot.items()) if k.rsplit("/", 1)[0] == p]
+            found = sorted(self.snapshot.items(), key=lambda item: item[0].path)
+            return [copy.deepcopy(o) for k, o in found if k.collection == p]
         return self.inner.list(p, label_selector=label_selector)
 
-    def create(self, p: str, body: Obj) -> Obj:
+    def create(self, p: Ref, body: Obj) -> Obj:
         return self.inner.create(p, body)
 
-    def patch(self, p: str, body: Obj, **kw: Any) -> Obj:
+    def patch(self, p: Ref, body: Obj, **kw: Any) -> Obj:
         return self.inner.patch(p, body, **kw)
 
-    def replace(self, p: str, body: Obj) -> Obj:
+    def replace(self, p: Ref, body: Obj) -> Obj:
         return self.inner.replace(p, body)
 
-    def delete(self, p: str, **kw: Any) -> Obj | None:
+    def delete(self, p: Ref, **kw: Any) -> Obj | None:
         return self.inner.delete(p, **kw)

@@ -238,7 +238,7 @@ def test_a_progressing_release_does_not_read_the_queue() -> None:
     kube.requests.clear()
     seen = observe_governance(kube, gr("a"), GreyReleaseSpec.model_validate(gr("a")["spec"]), status, {}, SETTINGS)
     assert seen.queue is not None and seen.queue.held
-    assert not any("leases" in p for _, p in kube.requests)
+    assert not any(p.resource == "leases" for _, p in kube.requests)
 
 
 # --- through the reconciler, on the in-memory API server --------------------------------------------

@@ -38,6 +38,12 @@ actions planned so far leave it (:func:`project`), never against the actions the
 at most one batch: once a finished batch's successor is live, the pass ends and the next one looks again
 at once. Requests that cut across the states (a new targetVersion, a retry, an abort) are looked at
 first (:func:`_request`); a deletion restores the app through the same path as a rollback (:func:`_restore`).
+
+What a handler needs before it can run, it declares in :data:`HANDLERS` (:class:`Plain`, :class:`NeedsTarget`,
+:class:`NeedsBatch`), and the dispatcher checks it first, in one place for every state: the target gone is a
+rollback, a canary that is not ours a rollback, batches that no longer fit the spec InvalidSpec, a pause asked
+for pauses the batch, a live batch's canary deleted grows the batch again. The handler gets what it asked for
+(the target, the current batch) as an argument.
 """
 
 from __future__ import annotations
@@ -646,15 +652,9 @@ def _wait(p: _Pass, message: str, until: datetime | None, *, state: BatchState |
     return WAIT
 
 
-def _between(p: _Pass) -> Then:
+def _between(p: _Pass, b: _Batch) -> Then:
     """Done (Waiting, or Progressing after a pause): the batch passed; start the next one once a window
     is open. ``promote=full`` is never held; ``promote=next`` is the approval the batch already had."""
-    b = _live_batch(p)
-    if not isinstance(b, _Batch):
-        return b
-    canary = p.world.canary
-    if canary is None or canary.deleting:
-        return _canary_lost(p, b)
     promote = p.world.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
     if PROMOTE_ANNOTATION in p.world.annotations:
         p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
@@ -691,53 +691,6 @@ class _Batch:
         return f"batch {self.step.number}/{len(self.steps)}"
 
 
-def _batch(p: _Pass) -> _Batch | Then:
-    """The current batch; or, when it cannot go on (the target gone, the canary not ours, a spec that
-    does not fit), the rollback or InvalidSpec planned instead."""
-    st = p.status
-    target = _target(p)
-    if not isinstance(target, Workload):
-        return target
-    canary = p.world.canary
-    if canary is not None and p.world.own_canary is None:
-        return _roll_back(
-            p, Phase.FAILED, R.CANARY_CONFLICT, f"Deployment {canary.name!r} is not owned by this release"
-        )
-    assert st.restore.replicas is not None and st.restore.image is not None
-    try:
-        steps = p.steps(st.restore.replicas)
-    except PlanError as err:
-        return _invalid(p, str(err))
-    k = min(max(st.current_batch, 1), len(steps))
-    return _Batch(target, steps, steps[k - 1], target_image(st.restore.image, p.spec.target_version))
-
-
-def _live_batch(p: _Pass) -> _Batch | Then:
-    """The current batch for a handler that may move it on: as :func:`_batch`, paused instead when a pause
-    is asked for, and with the batch numbers in the status following the plan."""
-    b = _batch(p)
-    if not isinstance(b, _Batch):
-        return b
-    if _paused(p.spec, p.world):
-        return _pause(p, b)
-    _count(p, b)
-    return b
-
-
-def _target(p: _Pass) -> Workload | Then:
-    """The target Deployment; when it is gone, the rollback planned instead."""
-    target = p.world.target
-    if target is not None:
-        return target
-    return _roll_back(p, Phase.FAILED, R.TARGET_DELETED, f"the target Deployment {p.status.target_name!r} is gone")
-
-
-def _count(p: _Pass, b: _Batch) -> None:
-    """The batch numbers in the status follow the plan (the spec may have been edited)."""
-    if (p.status.total_batches, p.status.current_batch) != (len(b.steps), b.step.number):
-        p.set(total_batches=len(b.steps), current_batch=b.step.number)
-
-
 def _pause(p: _Pass, b: _Batch) -> Then:
     if p.status.batch_state == BatchState.WAITING_FOR_APPROVAL:
         # Paused, it waits for the resume first; the wait for approval is announced again after it.
@@ -747,11 +700,8 @@ def _pause(p: _Pass, b: _Batch) -> Then:
     return WAIT
 
 
-def _on_pause(p: _Pass) -> Then:
+def _on_pause(p: _Pass, b: _Batch) -> Then:
     """Paused: nothing moves until the pause is lifted; then the batch goes on from where it was."""
-    b = _batch(p)
-    if not isinstance(b, _Batch):
-        return b
     if _paused(p.spec, p.world):
         return WAIT
     p.phase(Phase.PROGRESSING, f"{b.label}: resumed")
@@ -763,15 +713,11 @@ def _on_pause(p: _Pass) -> Then:
     return WAIT
 
 
-def _upscale(p: _Pass) -> Then:
+def _upscale(p: _Pass, b: _Batch) -> Then:
     """Upscaling: grow the canary to the batch's size; once it is ready, move the traffic (live)."""
-    b = _live_batch(p)
-    if not isinstance(b, _Batch):
-        return b
-    st, step = p.status, b.step
+    st, step, target = p.status, b.step, b.target
     k = step.number
-    canary, target = p.world.canary, p.world.target
-    assert target is not None
+    canary = p.world.canary
     if canary is None or canary.deleting or not canary.rolled_out(step.canary_replicas, b.image):
         have = 0 if canary is None or canary.image != b.image else min(canary.ready, canary.updated)
         deadline = p.deadline(st.batch_started_at)
@@ -802,8 +748,7 @@ def _upscale(p: _Pass) -> Then:
 
 def _go_live(p: _Pass, b: _Batch) -> Then:
     """The canary is ready: the stable takes the batch's size and the canary the batch's traffic."""
-    step, target = b.step, p.world.target
-    assert target is not None
+    step, target = b.step, b.target
     if target.replicas > step.stable_replicas and p.recorded.restore.replicas is None:
         # The stable's size before the release is known only from the status once that is written. A
         # controller killed after shrinking the stable but before the write would, on resuming, take the
@@ -859,17 +804,11 @@ def _hold_message(b: _Batch, next_check: datetime | None, expires: datetime | No
     return f"{b.label}: weight {step.weight}%"
 
 
-def _verify(p: _Pass) -> Then:
+def _verify(p: _Pass, b: _Batch) -> Then:
     """Verifying (or WaitingForApproval): the batch is live; wait for its pause, its gate or an
     approval, then move on."""
-    b = _live_batch(p)
-    if not isinstance(b, _Batch):
-        return b
     st, step = p.status, b.step
     k, n = step.number, len(b.steps)
-    canary = p.world.canary
-    if canary is None or canary.deleting:
-        return _canary_lost(p, b)
     gate = _gate(p, b)
     if gate is not None and gate.failed:
         return _roll_back(p, Phase.FAILED, R.ANALYSIS_FAILED, f"{b.label}: {gate.message}")
@@ -1025,13 +964,10 @@ def _start_promotion(p: _Pass, n: int) -> Then:
     return GO_ON
 
 
-def _promote(p: _Pass) -> Then:
+def _promote(p: _Pass, target: Workload) -> Then:
     """Promoting: the stable Deployment rolls to the target version, then the canary goes."""
     st, spec = p.status, p.spec
     assert st.restore.replicas is not None and st.restore.image is not None
-    target = _target(p)
-    if not isinstance(target, Workload):
-        return target
     replicas = st.restore.replicas
     image = target_image(st.restore.image, spec.target_version)
     waiting = f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}"
@@ -1160,24 +1096,118 @@ def _finished(p: _Pass) -> Then:
     return WAIT
 
 
-#: The handler of each (phase, batchState). A state missing here is a bug (KeyError).
-HANDLERS: dict[tuple[Phase | None, BatchState | None], Handler] = {
-    (None, None): _start,
-    (Phase.INVALID_SPEC, None): _start,
-    (Phase.INITIALIZING, None): _start,
-    (Phase.PROGRESSING, BatchState.UPSCALING): _upscale,
-    (Phase.PROGRESSING, BatchState.VERIFYING): _verify,
-    (Phase.PROGRESSING, BatchState.WAITING_FOR_APPROVAL): _verify,
-    (Phase.PROGRESSING, BatchState.DONE): _between,
-    **{(Phase.PAUSED, state): _on_pause for state in BatchState},
-    (Phase.WAITING, None): _start,
-    (Phase.WAITING, BatchState.DONE): _between,
-    (Phase.QUEUED, None): _start,
-    (Phase.PROMOTING, None): _promote,
-    (Phase.ROLLING_BACK, None): _rolling_back,
-    (Phase.SUCCEEDED, None): _finished,
-    (Phase.ABORTED, None): _finished,
-    (Phase.FAILED, None): _finished,
+# --- what a handler needs, checked before it runs ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plain:
+    """A state whose handler needs nothing resolved first (it checks what it needs itself: starting is
+    checking everything)."""
+
+    run: Callable[[_Pass], Then]
+
+    def __call__(self, p: _Pass) -> Then:
+        return self.run(p)
+
+
+@dataclass(frozen=True)
+class NeedsTarget:
+    """A state whose handler needs the target Deployment: when it is gone, the release rolls back instead
+    (TargetDeleted)."""
+
+    run: Callable[[_Pass, Workload], Then]
+
+    def __call__(self, p: _Pass) -> Then:
+        target = _target(p)
+        return target if isinstance(target, Then) else self.run(p, target)
+
+
+@dataclass(frozen=True)
+class NeedsBatch:
+    """A state whose handler needs the current batch (:class:`_Batch`): the target there (else, as for
+    :class:`NeedsTarget`, a rollback), the canary Deployment ours if there is one (else a rollback:
+    CanaryConflict), and batches that fit the spec as it is now (else InvalidSpec).
+
+    ``moves``: the handler may move the batch on, so a pause asked for pauses the release instead, and the
+    batch numbers in the status follow the plan first (the spec may have been edited). ``live``: the
+    batch has its traffic, so it needs its canary too; when the canary was deleted, the batch is grown
+    again instead (CanaryLost)."""
+
+    run: Callable[[_Pass, _Batch], Then]
+    moves: bool = True
+    live: bool = False
+
+    def __call__(self, p: _Pass) -> Then:
+        b = _batch(p)
+        if isinstance(b, Then):
+            return b
+        if self.moves:
+            if _paused(p.spec, p.world):
+                return _pause(p, b)
+            _count(p, b)
+        if self.live:
+            canary = p.world.canary
+            if canary is None or canary.deleting:
+                return _canary_lost(p, b)
+        return self.run(p, b)
+
+
+State = Plain | NeedsTarget | NeedsBatch
+
+
+def _target(p: _Pass) -> Workload | Then:
+    """The target Deployment; when it is gone, the rollback planned instead."""
+    target = p.world.target
+    if target is not None:
+        return target
+    return _roll_back(p, Phase.FAILED, R.TARGET_DELETED, f"the target Deployment {p.status.target_name!r} is gone")
+
+
+def _batch(p: _Pass) -> _Batch | Then:
+    """The current batch; or, when it cannot go on (the target gone, the canary not ours, a spec that
+    does not fit), the rollback or InvalidSpec planned instead."""
+    st = p.status
+    target = _target(p)
+    if isinstance(target, Then):
+        return target
+    canary = p.world.canary
+    if canary is not None and p.world.own_canary is None:
+        return _roll_back(
+            p, Phase.FAILED, R.CANARY_CONFLICT, f"Deployment {canary.name!r} is not owned by this release"
+        )
+    assert st.restore.replicas is not None and st.restore.image is not None
+    try:
+        steps = p.steps(st.restore.replicas)
+    except PlanError as err:
+        return _invalid(p, str(err))
+    k = min(max(st.current_batch, 1), len(steps))
+    return _Batch(target, steps, steps[k - 1], target_image(st.restore.image, p.spec.target_version))
+
+
+def _count(p: _Pass, b: _Batch) -> None:
+    """The batch numbers in the status follow the plan (the spec may have been edited)."""
+    if (p.status.total_batches, p.status.current_batch) != (len(b.steps), b.step.number):
+        p.set(total_batches=len(b.steps), current_batch=b.step.number)
+
+
+#: The handler of each (phase, batchState), and what it needs. A state missing here is a bug (KeyError).
+HANDLERS: dict[tuple[Phase | None, BatchState | None], State] = {
+    (None, None): Plain(_start),
+    (Phase.INVALID_SPEC, None): Plain(_start),
+    (Phase.INITIALIZING, None): Plain(_start),
+    (Phase.PROGRESSING, BatchState.UPSCALING): NeedsBatch(_upscale),
+    (Phase.PROGRESSING, BatchState.VERIFYING): NeedsBatch(_verify, live=True),
+    (Phase.PROGRESSING, BatchState.WAITING_FOR_APPROVAL): NeedsBatch(_verify, live=True),
+    (Phase.PROGRESSING, BatchState.DONE): NeedsBatch(_between, live=True),
+    **{(Phase.PAUSED, state): NeedsBatch(_on_pause, moves=False) for state in BatchState},
+    (Phase.WAITING, None): Plain(_start),
+    (Phase.WAITING, BatchState.DONE): NeedsBatch(_between, live=True),
+    (Phase.QUEUED, None): Plain(_start),
+    (Phase.PROMOTING, None): NeedsTarget(_promote),
+    (Phase.ROLLING_BACK, None): Plain(_rolling_back),
+    (Phase.SUCCEEDED, None): Plain(_finished),
+    (Phase.ABORTED, None): Plain(_finished),
+    (Phase.FAILED, None): Plain(_finished),
 }
 
 

@@ -166,7 +166,7 @@ def test_the_lock_is_current_with_pyproject(lock: str, tmp_path: Path) -> None:
 def test_the_runtime_lock_is_the_installed_runtime_closure() -> None:
     """The image installs requirements.txt: exactly the project's runtime closure, as the tests run it."""
     assert versions(read_lock("requirements.txt")) == runtime_closure(), (
-        "requirements.txt is not the runtime closure installed here: run `make lock`, then `make clean venv`"
+        "requirements.txt is not the runtime closure installed here: run `make lock`, then `make venv`"
     )
 
 

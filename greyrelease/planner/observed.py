@@ -1,0 +1,130 @@
+"""What the planner reads of the cluster (:class:`Observed`, with a :class:`Workload` for each Deployment),
+and the world as a later state of the same pass sees it once the actions planned so far are applied
+(:func:`project`). Built by the adapters; plain data here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from greyrelease.analysis.verdicts import Check
+from greyrelease.planner.actions import (
+    Action,
+    DeleteCanary,
+    EnsureCanary,
+    RemoveAnnotations,
+    ScaleStable,
+    SetStableImage,
+)
+from greyrelease.planner.governance import Predecessor, Queue, Rules
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the planner needs to know of a Deployment (built from the object by the adapter)."""
+
+    name: str
+    uid: str = ""
+    generation: int = 1
+    observed_generation: int = 1
+    replicas: int = 0  # spec.replicas
+    ready: int = 0  # status.readyReplicas
+    updated: int = 0  # status.updatedReplicas
+    available: int = 0  # status.availableReplicas
+    total: int = 0  # status.replicas: pods of every ReplicaSet, old ones included
+    image: str = ""  # image of the released container
+    container: str = ""
+    containers: tuple[str, ...] = ()
+    template_hash: str = ""  # pod-template-hash of the current ReplicaSet
+    owner_uid: str = ""  # uid of the controlling owner, if any
+    deleting: bool = False
+
+    def rolled_out(self, replicas: int, image: str) -> bool:
+        """All ``replicas`` pods run ``image`` and are ready, and no old pod is left."""
+        return (
+            self.observed_generation >= self.generation
+            and self.image == image
+            and self.replicas == replicas
+            and self.updated >= replicas
+            and self.ready >= replicas
+            and self.available >= replicas
+            and self.total == replicas
+        )
+
+    def settling(self) -> bool:
+        """A change of its spec has not landed yet: not observed, or old pods still there."""
+        return self.observed_generation < self.generation or self.total > self.replicas
+
+    def respec(self, **changes: Any) -> Workload:
+        """This Deployment once its spec is changed so: a new generation, not yet observed; the pods
+        are the ones there were."""
+        mine = self.__dict__
+        for k, v in changes.items():
+            if mine[k] != v:
+                return _evolve(self, generation=self.generation + 1, **changes)
+        return self
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The world as the adapters read it for one reconcile."""
+
+    candidates: tuple[Workload, ...] = ()  # Deployments the spec names (0, 1 or several)
+    canary: Workload | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    generation: int = 1
+    uid: str = ""
+    deleting: bool = False
+    deletion_started: datetime | None = None
+    routing_error: str = ""  # the router cannot work with what it found (e.g. a Service is missing)
+    #: The canary pods the proxy can send to (ready endpoints of the canary Service): read only while
+    #: a batch's canary grows, and only in the modes that route through a canary Service; else None.
+    canary_endpoints: int | None = None
+    checks: tuple[Check, ...] = ()  # metric samples taken in this pass (only when a check was due)
+    rules: Rules = field(default_factory=Rules)  # the windows and freezes of the policies that govern the release
+    queue: Queue | None = None  # the concurrency limit it is under, if any
+    predecessors: tuple[Predecessor, ...] = ()  # the releases of spec.after, as found
+    cycle: tuple[str, ...] = ()  # a cycle of spec.after through this release (a, b, a), if any
+
+    @property
+    def target(self) -> Workload | None:
+        """The one Deployment the spec names, if exactly one."""
+        return self.candidates[0] if len(self.candidates) == 1 else None
+
+    @property
+    def own_canary(self) -> Workload | None:
+        """The canary Deployment, if this release owns it."""
+        return self.canary if self.canary is not None and self.canary.owner_uid == self.uid else None
+
+
+def _evolve(obj: _T, **changes: Any) -> _T:
+    """``dataclasses.replace`` for the frozen dataclasses here, without running ``__init__`` (they
+    validate nothing): the projection copies a Workload and the Observed for most actions of every pass,
+    and ``replace`` costs about 4 us on a 15-field frozen dataclass, a sixth of a whole ``decide``."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
+
+
+def project(world: Observed, action: Action) -> Observed:
+    """The world as a later state of the same pass sees it once ``action`` is applied: Deployment specs
+    and annotations change at once, pods do not (they are the ones observed)."""
+    match action:
+        case EnsureCanary(replicas=r, image=image):
+            canary = world.canary or Workload(name="", owner_uid=world.uid, observed_generation=0)
+            return _evolve(world, canary=canary.respec(replicas=r, image=image))
+        case ScaleStable(replicas=r) if world.target is not None:
+            return _evolve(world, candidates=(world.target.respec(replicas=r),))
+        case SetStableImage(image=image, replicas=r) if world.target is not None:
+            return _evolve(world, candidates=(world.target.respec(image=image, replicas=r),))
+        case DeleteCanary() if world.canary is not None:
+            # Deleted in the foreground: the object stays, marked, until its pods are gone.
+            return _evolve(world, canary=_evolve(world.canary, deleting=True))
+        case RemoveAnnotations(keys=keys):
+            return _evolve(world, annotations={k: v for k, v in world.annotations.items() if k not in keys})
+    # Routing actions change nothing the planner observes.
+    return world

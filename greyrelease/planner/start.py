@@ -1,0 +1,108 @@
+"""Starting a release: the target Deployment found, the spec checked against it, what will be restored
+recorded, the routing prepared, batch 1 begun (or InvalidSpec, AlreadyAtTarget, or a wait for what
+governs the start: :mod:`.waits`)."""
+
+from __future__ import annotations
+
+from greyrelease.api.release import BatchState, Phase, Restore
+from greyrelease.planner import reasons as R
+from greyrelease.planner.actions import PrepareRouting
+from greyrelease.planner.batches import PlanError
+from greyrelease.planner.images import target_image, version_of
+from greyrelease.planner.invalid import invalid
+from greyrelease.planner.observed import Workload
+from greyrelease.planner.passes import GO_ON, WAIT, Pass, Then
+from greyrelease.planner.waits import wait_to_start
+
+
+def _resolve_target(p: Pass) -> Workload | str:
+    """The one Deployment the spec names, or why there is none (naming the field)."""
+    spec, found = p.spec, p.world.candidates
+    if not found:
+        if spec.target_ref:
+            return f"spec.targetRef.name: Deployment {spec.target_ref.name!r} not found"
+        return f"spec.appName: no Deployment is labelled app={spec.app_name}"
+    if len(found) > 1:
+        names = ", ".join(sorted(w.name for w in found))
+        return (
+            f"spec.appName: {len(found)} Deployments are labelled app={spec.app_name} ({names}); "
+            "use targetRef to pick one"
+        )
+    target = found[0]
+    if spec.container and spec.container not in target.containers:
+        return f"spec.container: Deployment {target.name!r} has no container {spec.container!r}"
+    return target
+
+
+def start(p: Pass) -> Then:
+    """No release under way (or one that could not start): check everything, then start batch 1."""
+    spec, world = p.spec, p.world
+    target = _resolve_target(p)
+    if isinstance(target, str):
+        return invalid(p, target)
+    if world.canary is not None and world.own_canary is None:
+        return invalid(
+            p,
+            f"Deployment {world.canary.name!r} exists and is not owned by this release; rename or delete it",
+            reason=R.CANARY_CONFLICT,
+        )
+    if world.routing_error:
+        return invalid(p, world.routing_error, reason=R.ROUTING_ERROR)
+    restore = p.status.restore
+    replicas = restore.replicas if restore.replicas is not None else target.replicas
+    try:
+        steps = p.steps(replicas)
+    except PlanError as err:
+        return invalid(p, str(err))
+    original_image = restore.image or target.image
+    image = target_image(original_image, spec.target_version)
+    if image == original_image and world.canary is None:
+        p.set(
+            target_version=spec.target_version,
+            stable_version=version_of(original_image),
+            target_name=target.name,
+            current_batch=0,
+            total_batches=0,
+            canary_weight=0,
+            canary_replicas=0,
+            stable_replicas=target.replicas,
+        )
+        p.phase(Phase.SUCCEEDED, f"{target.name} already runs {image}")
+        p.event(R.ALREADY_AT_TARGET, f"{target.name} already runs {image}; nothing to release")
+        return WAIT
+    if wait_to_start(p) is WAIT:
+        return WAIT
+    if not target.template_hash:
+        # The Deployment controller has not labelled a ReplicaSet yet; look again shortly.
+        p.set(target_version=spec.target_version, target_name=target.name)
+        p.phase(Phase.INITIALIZING, f"waiting for the ReplicaSet of {target.name}")
+        p.again(1.0)
+        return WAIT
+    p.set(
+        target_version=spec.target_version,
+        stable_version=version_of(original_image),
+        target_name=target.name,
+        stable_pod_template_hash=p.status.stable_pod_template_hash or target.template_hash,
+        restore=Restore(replicas=replicas, image=original_image),
+        current_batch=1,
+        total_batches=len(steps),
+        canary_weight=0,
+        canary_replicas=0,
+        stable_replicas=target.replicas,
+        batch_started_at=p.now,
+        batch_ready_at=None,
+        next_check_at=None,
+        approval_expires_at=None,
+        metrics=[],
+        batch_state=BatchState.UPSCALING,
+    )
+    p.phase(Phase.PROGRESSING, f"batch 1/{len(steps)}: starting the canary")
+    p.history(1, started_at=p.now)
+    p.event(
+        R.RELEASE_STARTED,
+        f"releasing {image} to {target.name} in {len(steps)} batches (stable {version_of(original_image)})",
+    )
+    # The routing objects (canary Service/Ingress, stable narrowing) come before any canary pod, so the
+    # stable backend never sends traffic to a canary that copied its labels.
+    p.act(PrepareRouting())
+    return GO_ON

@@ -12,7 +12,11 @@ checked by the API server with a server-side dry run of the whole kustomization.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -80,8 +84,8 @@ class ControllerAsServiceAccount(Controller):
     def __init__(
         self, cluster: Cluster, namespace: str, log: Path, kubeconfig: Path, extra_args: list[str] | None = None
     ) -> None:
+        # The base class picks the health port and passes it in its arguments.
         super().__init__(cluster, namespace, log, extra_env={"KUBECONFIG": str(kubeconfig)}, extra_args=extra_args)
-        self.health_port = free_port()
 
     def start(self) -> None:
         out = self.log.open("ab")
@@ -186,7 +190,10 @@ def test_the_manager_deployment_is_locked_down() -> None:
         "--health-port=8080",
         "--metrics-port=8090",
         "--leader-election-namespace=$(POD_NAMESPACE)",
+        "--webhook-port=9443",
+        "--webhook-service=greyrelease-webhook",
     ]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
     assert {"name": "metrics", "containerPort": 8090, "protocol": "TCP"} in container["ports"]
     assert container["env"] == [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
@@ -238,6 +245,67 @@ def test_leases_only_in_the_controller_namespace(cluster: Cluster, installed: li
         ).stdout.strip()
 
     assert can(SYSTEM_NAMESPACE) == "yes" and can("default") == "no"
+
+
+def _review() -> dict[str, Any]:
+    def dep(image: str) -> dict[str, Any]:
+        template = {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": image}]}}
+        labels = {"app": "web", "greyrelease.io/release": "web"}
+        return {"metadata": {"name": "web", "labels": labels}, "spec": {"replicas": 2, "template": template}}
+
+    request = {
+        "uid": "e2e",
+        "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "operation": "UPDATE",
+        "object": dep("registry.example/app:v2"),
+        "oldObject": dep("registry.example/app:v1"),
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def test_the_webhook_installs_and_answers_with_only_the_shipped_rbac(
+    cluster: Cluster, installed: list[dict[str, Any]], namespace: str, tmp_path: Path
+) -> None:
+    """config/webhook: the controller, as the ServiceAccount and with the flags the install gives it, makes
+    its CA and certificate into the Secret greyrelease-webhook-tls and puts the CA into the shipped
+    configuration's caBundle; the webhook answers over TLS verified as the API server verifies it (the
+    Service's DNS name, that caBundle). The local API server cannot reach a Service (no kube-proxy), so the
+    review is posted here; e2e/test_admission.py has the API server call the same configuration by URL."""
+    kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NAMESPACE, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig")
+    port = free_port()
+    args = ["--webhook-port", str(port), "--webhook-service", "greyrelease-webhook"]
+    ctl = ControllerAsServiceAccount(cluster, namespace, tmp_path / "controller.log", kubeconfig, args)
+    ctl.start()
+    try:
+
+        def bundle() -> str | None:
+            config = cluster.kubectl_json("get", "mutatingwebhookconfiguration", "greyrelease-hold")
+            return config["webhooks"][0]["clientConfig"].get("caBundle")
+
+        ca = base64.b64decode(wait_for(bundle, 60, "the caBundle set by the controller"))
+        secret = cluster.kubectl_json("get", "secret", "greyrelease-webhook-tls", "-n", SYSTEM_NAMESPACE)
+        assert base64.b64decode(secret["data"]["ca.crt"]) == ca
+        body = json.dumps(_review()).encode()
+        context = ssl.create_default_context(cadata=ca.decode())
+        host = f"greyrelease-webhook.{SYSTEM_NAMESPACE}.svc"
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            tls.sendall(
+                b"POST /hold HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+        response = json.loads(answer.partition(b"\r\n\r\n")[2])["response"]
+        assert response["allowed"] is True and response["patchType"] == "JSONPatch", response
+        time.sleep(1)  # let the last lines reach the log
+        assert ctl.denials() == [], ctl.logs()
+    finally:
+        ctl.stop()
+        # failurePolicy Fail towards a Service this cluster cannot reach: gone, so no later test meets it.
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", "greyrelease-hold", "--ignore-not-found")
 
 
 def test_release_and_abort_with_only_the_shipped_rbac(

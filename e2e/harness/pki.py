@@ -124,3 +124,47 @@ def create_pki(dest: Path, clients: dict[str, tuple[str, str | None]], service_i
     _ec_key(sa_key)
     _openssl("pkey", "-in", str(sa_key), "-pubout", "-out", str(sa_pub))
     return Pki(ca=ca, apiserver=apiserver, sa_key=sa_key, sa_pub=sa_pub, clients=issued)
+
+
+def create_ca(dest: Path, common_name: str) -> KeyPair:
+    """A CA of its own (an admission webhook's, say), apart from the cluster's."""
+    dest.mkdir(parents=True, exist_ok=True)
+    ca = KeyPair(cert=dest / "ca.crt", key=dest / "ca.key")
+    _ec_key(ca.key)
+    _openssl(
+        "req",
+        "-new",
+        "-x509",
+        "-key",
+        str(ca.key),
+        "-out",
+        str(ca.cert),
+        "-days",
+        str(VALID_DAYS),
+        "-subj",
+        f"/CN={common_name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+    )
+    return ca
+
+
+def serving_pair(ca: KeyPair, dest: Path, name: str, hosts: list[str]) -> KeyPair:
+    """A serving certificate signed by `ca` for `hosts` (IP addresses and DNS names), as `dest/name.crt`
+    and `dest/name.key`: e.g. an admission webhook's on 127.0.0.1, whose caBundle is `ca`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    sans = ",".join(f"IP:{h}" if h.replace(".", "").isdigit() or ":" in h else f"DNS:{h}" for h in hosts)
+    return _signed(
+        ca,
+        dest,
+        name,
+        f"/CN={hosts[0]}",
+        [
+            "basicConstraints=critical,CA:FALSE",
+            "keyUsage=critical,digitalSignature",
+            "extendedKeyUsage=serverAuth",
+            f"subjectAltName={sans}",
+        ],
+    )

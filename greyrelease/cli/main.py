@@ -243,6 +243,7 @@ async def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from greyrelease.kube.client import KubeClient
+    from greyrelease.kube.retry import ONCE
     from greyrelease.reconcile.policies import Governing
     from greyrelease.runtime import operator  # noqa: F401 - registers the handlers
     from greyrelease.runtime.health import serve as serve_health
@@ -295,7 +296,8 @@ async def _run(args: argparse.Namespace) -> int:
     if args.leader_elect:
         from greyrelease.runtime.shards import live_members
 
-        lease = Lease(KubeClient.from_environment(), namespace=lease_ns, lease_seconds=args.lease_seconds)
+        # The Lease's calls are not retried inside an attempt: the next renewal is the retry (retry.ONCE).
+        lease = Lease(KubeClient.from_environment(retry=ONCE), namespace=lease_ns, lease_seconds=args.lease_seconds)
         state["role"] = "standby"
 
         def sharded_alive() -> list[str]:

@@ -24,6 +24,7 @@ the change is in the Store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -31,11 +32,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, cast
 
 import orjson
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 from tenacity.wait import wait_base
 
 from greyrelease.api.release import Obj
 from greyrelease.kube.protocol import MERGE, ApiError, Kube, NotFound, Ref, selects
+from greyrelease.kube.retry import Backoff, checked
 
 Key = tuple[str, str]
 log = logging.getLogger("greyrelease")
@@ -182,10 +184,12 @@ class Store:
 
 #: How long a watch request stays open before the server ends it (it is reopened at once).
 WATCH_SECONDS = 290
-#: Waits between failed lists or watches of a Reflector (0.5, 1, 2, 4, then 5 s): the same tenacity
-#: policy as a failed pass's, shorter, as a watch down leaves every release without news of its
-#: Deployments.
-WATCH_RETRY_WAIT: wait_base = wait_exponential(multiplier=0.5, min=0.5, max=5)
+#: Waits before a Reflector lists or watches again after a failure (0.5, 1, 2, 4, then 5 s, each with up to
+#: 0.25 s of jitter, so that the reflectors of every namespace do not come back to a restarted API server
+#: in step; or the Retry-After of a 429): the API calls' backoff (:class:`~greyrelease.kube.retry.Backoff`)
+#: with a longer start and cap, as this loop never gives up. Each list, and each watch's opening, has been
+#: retried by the API calls' policy (:data:`~greyrelease.kube.retry.API`) before it counts as failed here.
+WATCH_RETRY_WAIT: wait_base = Backoff(first=0.5, jitter=0.25, cap=5.0)
 
 
 class NotHeld(Exception):
@@ -406,20 +410,31 @@ class CachedKube:
                 return [o for o in found if selects(label_selector, (o.get("metadata") or {}).get("labels") or {})]
         return self.inner.list(ref, label_selector=label_selector)
 
-    def _may_write(self, verb: str, ref: Ref) -> None:
-        if self.writable is not None and not self.writable():
-            raise NotHeld(f"{verb} {ref} refused: this replica does not hold the shard any more")
+    def _writing(self, verb: str, ref: Ref) -> contextlib.AbstractContextManager[None]:
+        """Refuse the write unless this replica may make it (:attr:`writable`), and again before each time
+        the client sends it again (:func:`~greyrelease.kube.retry.checked`): a write first tried while the
+        shard was held may be retried after its Lease could have passed to another replica."""
+        writable = self.writable
+        if writable is None:
+            return contextlib.nullcontext()
+
+        def check() -> None:
+            if not writable():
+                raise NotHeld(f"{verb} {ref} refused: this replica does not hold the shard any more")
+
+        check()
+        return checked(check)
 
     def create(self, ref: Ref, body: Obj) -> Obj:
-        self._may_write("POST", ref)
-        out = self.inner.create(ref, body)
+        with self._writing("POST", ref):
+            out = self.inner.create(ref, body)
         self._fold(ref.named(str((out.get("metadata") or {}).get("name", ""))), out)
         return out
 
     def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        self._may_write("PATCH", ref)
         try:
-            out = self.inner.patch(ref, body, patch_type=patch_type)
+            with self._writing("PATCH", ref):
+                out = self.inner.patch(ref, body, patch_type=patch_type)
         except NotFound:
             self._gone(ref)
             raise
@@ -427,9 +442,9 @@ class CachedKube:
         return out
 
     def replace(self, ref: Ref, body: Obj) -> Obj:
-        self._may_write("PUT", ref)
         try:
-            out = self.inner.replace(ref, body)
+            with self._writing("PUT", ref):
+                out = self.inner.replace(ref, body)
         except NotFound:
             self._gone(ref)
             raise
@@ -437,8 +452,8 @@ class CachedKube:
         return out
 
     def delete(self, ref: Ref, *, propagation: str = "Background") -> Obj | None:
-        self._may_write("DELETE", ref)
-        answer = self.inner.delete(ref, propagation=propagation)
+        with self._writing("DELETE", ref):
+            answer = self.inner.delete(ref, propagation=propagation)
         store = self._store_for(ref)
         if store is None:
             return answer

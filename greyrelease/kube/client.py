@@ -11,7 +11,7 @@ import json
 import ssl
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 import orjson
@@ -21,6 +21,7 @@ from kubernetes import config as k8s_config
 
 from greyrelease.api.release import Obj
 from greyrelease.kube.protocol import MERGE, STRATEGIC, ApiError, Conflict, NotFound, Ref, path
+from greyrelease.kube.retry import API, RetryPolicy
 
 __all__ = ["MERGE", "STRATEGIC", "ApiError", "Conflict", "KubeClient", "NotFound", "Ref", "load_configuration", "path"]
 
@@ -43,8 +44,16 @@ class KubeClient:
     #: Sent with every request; the API server's audit log tells the controller's writes by it.
     user_agent = "greyrelease"
 
-    def __init__(self, cfg: k8s_client.Configuration, *, timeout: float = 15.0, connections: int = 128) -> None:
+    def __init__(
+        self,
+        cfg: k8s_client.Configuration,
+        *,
+        timeout: float = 15.0,
+        connections: int = 128,
+        retry: RetryPolicy = API,
+    ) -> None:
         self._cfg = cfg
+        self.retry = retry
         self.host = cfg.host.rstrip("/")
         # As many kept connections as threads use the client at once: a request beyond them would open
         # (and then drop) a TLS connection of its own.
@@ -88,22 +97,21 @@ class KubeClient:
         query: dict[str, str] | None = None,
         content_type: str | None = None,
     ) -> dict[str, Any]:
-        url = self.host + str(ref) + ("?" + urlencode(query) if query else "")
+        """One request, retried by :attr:`retry` (:data:`~greyrelease.kube.retry.API`) when it fails in a
+        way that says nothing about the request (a refused connection, 429, 5xx); the answer's JSON, or the
+        API server's error as an :class:`ApiError` (:class:`NotFound`, :class:`Conflict`)."""
+        target = str(ref)
+        url = self.host + target + ("?" + urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
         if data is not None and content_type is None:
             content_type = "application/json"
-        resp = self._pool.request(method, url, body=data, headers=self._headers(content_type))
-        payload: dict[str, Any] = {}
-        if resp.data:
-            try:
-                # orjson: 2.5 times as fast as json.loads on a Deployment, and the keys of the objects it
-                # makes share their strings (a dict key seen before is not a string of its own again).
-                payload = orjson.loads(resp.data)
-            except ValueError:
-                payload = {"message": resp.data.decode(errors="replace")}
+        return self.retry.call(lambda: self._send(method, url, data, content_type), f"{method} {target}")
+
+    def _send(self, method: str, url: str, data: bytes | None, content_type: str | None) -> dict[str, Any]:
+        resp = self._pool.request(method, url, body=data, headers=self._headers(content_type), retries=NO_RETRIES)
+        payload = _payload(resp.data)
         if resp.status >= 400:
-            error = {404: NotFound, 409: Conflict}.get(resp.status, ApiError)
-            raise error(resp.status, str(payload.get("reason", "")), str(payload.get("message", "")))
+            raise _error(resp.status, payload, resp.headers.get("Retry-After"))
         return payload
 
     def watch(
@@ -119,17 +127,12 @@ class KubeClient:
         query = {**(query or {}), "watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
         if resource_version:
             query["resourceVersion"] = resource_version
-        resp = self._pool.request(
-            "GET",
-            self.host + str(ref) + "?" + urlencode(query),
-            headers=self._headers(),
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=10.0, read=timeout_seconds + 30.0),
-        )
+        target = str(ref)
+        url = self.host + target + "?" + urlencode(query)
+        timeout = urllib3.Timeout(connect=10.0, read=timeout_seconds + 30.0)
+        # The opening is retried as any request; a stream that breaks is the caller's to open again.
+        resp = self.retry.call(lambda: self._open(url, timeout), f"WATCH {target}")
         try:
-            if resp.status >= 400:
-                payload = orjson.loads(resp.read() or b"{}")
-                raise ApiError(resp.status, str(payload.get("reason", "")), str(payload.get("message", "")))
             pending = b""
             for chunk in resp.stream(65536, decode_content=True):
                 pending += chunk
@@ -141,6 +144,19 @@ class KubeClient:
             # A watch left half-read cannot serve another request: its connection is closed, not reused.
             resp.close()
             resp.release_conn()
+
+    def _open(self, url: str, timeout: urllib3.Timeout) -> Any:
+        resp = self._pool.request(
+            "GET", url, headers=self._headers(), preload_content=False, timeout=timeout, retries=NO_RETRIES
+        )
+        if resp.status < 400:
+            return resp
+        try:
+            data = resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+        raise _error(resp.status, _payload(data), resp.headers.get("Retry-After"))
 
     def get(self, ref: Ref | str) -> dict[str, Any] | None:
         try:
@@ -171,3 +187,26 @@ class KubeClient:
             )
         except NotFound:
             return None
+
+
+#: urllib3's own retries are off (it tried a refused connection again three times at once, with no wait):
+#: :attr:`KubeClient.retry` decides. Redirects are still followed, as before.
+NO_RETRIES = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=3)
+
+
+def _payload(data: bytes | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    try:
+        # orjson: 2.5 times as fast as json.loads on a Deployment, and the keys of the objects it makes share
+        # their strings (a dict key seen before is not a string of its own again).
+        return cast(dict[str, Any], orjson.loads(data))
+    except ValueError:
+        return {"message": data.decode(errors="replace")}
+
+
+def _error(status: int, payload: dict[str, Any], retry_after: str | None) -> ApiError:
+    """The API server's error answer as an exception; ``Retry-After`` in seconds when it gave one."""
+    error = {404: NotFound, 409: Conflict}.get(status, ApiError)
+    wait = float(retry_after) if retry_after and retry_after.strip().isdigit() else None
+    return error(status, str(payload.get("reason", "")), str(payload.get("message", "")), retry_after=wait)

@@ -24,11 +24,15 @@ STRATEGIC = "application/strategic-merge-patch+json"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    """An answer of the API server other than success: its HTTP status, reason and message, and the seconds
+    it asked the client to wait before trying again (``Retry-After``), when it did."""
+
+    def __init__(self, status: int, reason: str, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
 
 
 class NotFound(ApiError):

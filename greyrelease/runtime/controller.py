@@ -41,10 +41,14 @@ log = logging.getLogger("greyrelease")
 
 Key = tuple[str, str]
 
-#: The one retry policy of the controller's own loops: a failed pass is tried again after 1, 2, 4, 8,
-#: then every 10 s. Capped at 10 s: after an API server outage a release resumes within 10 s of the API
-#: server being back (a refused connection costs nothing to retry). (Prometheus queries retry briefly
-#: on their own, see :mod:`greyrelease.reconcile.prometheus`; kopf retries the deletion handler.)
+#: The retry of a failed pass: tried again after 1, 2, 4, 8, then every 10 s, for as long as the release's
+#: daemon runs. Capped at 10 s: after an API server outage a release resumes within 10 s of the API server
+#: being back (a refused connection costs nothing to retry). Not the retry of an API call, which is
+#: :data:`greyrelease.kube.retry.API` (a call that failed for a transient reason sent again within
+#: seconds, then its error raised): a pass fails when a call still fails after that, or for a reason no
+#: call retry could cure (a 409 on its status write, a Conflict from a slot, a bug), and it is then planned
+#: again from fresh reads rather than resumed. (Prometheus queries retry briefly on their own, see
+#: :mod:`greyrelease.reconcile.prometheus`; kopf retries the deletion handler.)
 RETRY_WAIT = wait_exponential(multiplier=1, min=1, max=10)
 
 
@@ -243,7 +247,8 @@ class Runtime:
         sleep: Callable[[asyncio.Event, float], Awaitable[None]],
     ) -> None:
         """A release's passes until it is gone or ``stopped``: each pass (retried with :data:`RETRY_WAIT`
-        while it fails), then a sleep until the plan's ``requeue_after`` or until the release is woken."""
+        while it fails: a failed pass is planned again, not its failed call sent again, see there), then a
+        sleep until the plan's ``requeue_after`` or until the release is woken."""
         key = (namespace, name)
         wake = self.registry.event_for(key)
 

@@ -9,6 +9,10 @@ The leader renews every ``renew_every`` seconds. A leader that cannot renew for
 ``lease_seconds - renew_every`` stops acting and exits (its Deployment restarts it as a candidate), which
 is before any candidate may take the lease (``lease_seconds`` after the last renewal), so two leaders
 never act at once. With the defaults (10 s, 2 s) a killed leader is replaced within about 12 s.
+
+A failed attempt (an unreachable API server, a 5xx) is retried by the next renewal, not inside the attempt:
+the holder learns that it could not renew only when an attempt returns, so the Lease's client is made with
+:data:`greyrelease.kube.retry.ONCE` (by ``greyrelease run``), which sends each call once.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import kopf
 
 from greyrelease.kube.client import KubeClient
 from greyrelease.kube.protocol import ApiError, path
+from greyrelease.kube.retry import ONCE
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.policies import Governing
 from greyrelease.runtime.controller import Shard
@@ -59,7 +60,8 @@ async def run_sharded(
 ) -> int:
     """Hold a share of ``n`` shards until SIGTERM or SIGINT; 0 on a clean stop, 2 when the API server cannot
     shard, 1 when a shard's operator failed."""
-    api = KubeClient.from_environment()
+    # The Leases' calls are not retried inside an attempt: the next renewal is the retry (retry.ONCE).
+    api = KubeClient.from_environment(retry=ONCE)
     me = identity()
     api.user_agent = f"greyrelease/{me}"  # the audit log tells the replicas apart
     try:

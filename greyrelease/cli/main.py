@@ -272,7 +272,12 @@ async def _run(args: argparse.Namespace) -> int:
                 service=args.webhook_service,
                 namespace=args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or "greyrelease-system",
             )
-        except Exception:
+        except (ValueError, OSError) as err:  # flags that do not go together, a port in use, no certificate
+            if health is not None:
+                await health.cleanup()
+            print(f"error: webhook: {err}", file=sys.stderr)
+            return 2
+        except BaseException:
             if health is not None:
                 await health.cleanup()
             raise

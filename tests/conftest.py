@@ -10,7 +10,7 @@ import pytest
 # release into a state): their failures are reported as the tests' own are.
 pytest.register_assert_rewrite("tests.support")
 
-from greyrelease.kube.protocol import MemoryKube  # noqa: E402
+from greyrelease.kube.memory import MemoryKube  # noqa: E402
 
 from tests.support.builders import cluster  # noqa: E402
 

@@ -14,7 +14,7 @@ Two implementations: :class:`greyrelease.kube.client.KubeClient` speaks to a rea
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import quote
 
 from greyrelease.api.release import Obj
@@ -157,15 +157,3 @@ def selects(selector: str | None, labels: dict[str, str]) -> bool:
         elif term not in labels:
             return False
     return True
-
-
-#: Moved to :mod:`greyrelease.kube.memory`; still found here until every import names their new home.
-_MOVED = frozenset({"MERGE_KEYS", "MemoryKube", "merge_patch", "strategic_merge_patch", "without_nulls"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from greyrelease.kube import memory
-
-        return getattr(memory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from greyrelease.kube.cache import CachedKube, Reflector, Store
-from greyrelease.kube.protocol import ApiError, MemoryKube, NotFound, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import ApiError, NotFound, path
 from tenacity import wait_fixed
 
 

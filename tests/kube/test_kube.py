@@ -5,17 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from greyrelease.kube.protocol import (
-    STRATEGIC,
-    Conflict,
-    MemoryKube,
-    NotFound,
-    Ref,
-    merge_patch,
-    path,
-    selects,
-    strategic_merge_patch,
-)
+from greyrelease.kube.memory import MemoryKube, merge_patch, strategic_merge_patch
+from greyrelease.kube.protocol import STRATEGIC, Conflict, NotFound, Ref, path, selects
 
 DEPLOYMENTS = path("apps", "v1", "deployments", "shop")
 WEB = path("apps", "v1", "deployments", "shop", "web")

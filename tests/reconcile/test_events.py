@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from greyrelease.api.release import GreyReleaseStatus, Phase
-from greyrelease.kube.protocol import ApiError, MemoryKube, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import ApiError, path
 from greyrelease.planner.actions import Event, Plan
 from greyrelease.reconcile.record import numbered, post_events, stored, write_status
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import Conflict, MemoryKube, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import Conflict, path
 from greyrelease.reconcile.reconciler import Reconciler
 
 from tests.support.builders import EVENTS, NS, RELEASE, T0, cluster, roll_out, status_of

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import Conflict, MemoryKube, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import Conflict, path
 from greyrelease.reconcile.reconciler import Outcome, Reconciler
 
 from tests.support.builders import (

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from greyrelease.api.release import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.kube.protocol import Conflict, MemoryKube, path
-from greyrelease.kube.protocol import merge_patch as merge
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.memory import merge_patch as merge
+from greyrelease.kube.protocol import Conflict, path
 from greyrelease.kube.workload import owner_reference
 from greyrelease.planner.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
 from greyrelease.planner.machine import decide

@@ -40,7 +40,7 @@ def test_released_lease_is_free() -> None:
 
 
 def test_two_candidates_one_holder_and_a_clean_release_frees_the_lease_at_once() -> None:
-    from greyrelease.kube.protocol import MemoryKube
+    from greyrelease.kube.memory import MemoryKube
     from greyrelease.runtime.leader import Lease
 
     kube = MemoryKube()
@@ -56,7 +56,8 @@ def test_two_candidates_one_holder_and_a_clean_release_frees_the_lease_at_once()
 def test_a_candidate_that_read_the_lease_before_another_took_it_over_does_not_take_it() -> None:
     import copy
 
-    from greyrelease.kube.protocol import MemoryKube, Obj
+    from greyrelease.api.release import Obj
+    from greyrelease.kube.memory import MemoryKube
     from greyrelease.runtime.leader import Lease
 
     kube = MemoryKube()

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from greyrelease.kube.protocol import MemoryKube, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import path
 from greyrelease.runtime.shards import (
     SPACE,
     Held,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from greyrelease.kube.protocol import MemoryKube
+from greyrelease.kube.memory import MemoryKube
 from greyrelease.runtime.controller import Registry, Runtime, Tuning
 
 from tests.support.faults import refuse

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MemoryKube, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import path
 
 NS = "shop"
 #: The time the tests' releases start at.

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MemoryKube, Ref
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import Ref
 
 
 class Crash(Exception):

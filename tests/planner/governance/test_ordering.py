@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
-from greyrelease.kube.protocol import MemoryKube
+from greyrelease.kube.memory import MemoryKube
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import PrepareRouting
 from greyrelease.planner.governance import Predecessor, find_cycle

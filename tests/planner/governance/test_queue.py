@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from greyrelease.api.release import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus, Phase
-from greyrelease.kube.protocol import MemoryKube, path
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import path
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import FreeSlot, PrepareRouting, SetWeight, TakeSlot
 from greyrelease.planner.governance import Queue, queue_order

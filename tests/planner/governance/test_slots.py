@@ -7,7 +7,8 @@ from datetime import timedelta
 
 import pytest
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import Conflict, MemoryKube
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import Conflict
 from greyrelease.reconcile.slots import free as free_slot
 from greyrelease.reconcile.slots import holders_of, lease_path
 from greyrelease.reconcile.slots import take as take_slot

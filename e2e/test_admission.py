@@ -258,6 +258,12 @@ def test_gitops_server_side_apply_is_held_and_a_dry_run_creates_nothing(env: Env
     assert live["metadata"]["resourceVersion"] == rv
     assert live["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMAGE}:v2"
     assert len(env.replica_sets("git")) == 1
+    # A manifest that declares spec.paused (false): held all the same, and told why that fights the hold.
+    declared = json.loads(manifest("git", f"{IMAGE}:v2"))
+    declared["spec"]["paused"] = False
+    proc = env.kubectl(*apply, input=json.dumps(declared))
+    assert_held(env, "git", f"{IMAGE}:v2")
+    assert "declares spec.paused" in proc.stderr and "argocd-controller" in proc.stderr, proc.stderr
     print(
         f"\nserver-side apply as argocd-controller: held in {seconds:.3f}s; "
         f"spec.paused owned by {owners or 'no manager'}; "

@@ -1,10 +1,12 @@
 """GreyRelease: progressive canary and batch releases for Kubernetes Deployments.
 
 The packages are layers, each importing only those below it (checked by ``lint-imports``):
-``cli`` > ``runtime`` > ``reconcile`` > ``routers`` > ``kube`` > ``planner`` > ``analysis`` > ``api``.
-The bottom three are pure: a release's next step is decided by :func:`greyrelease.planner.decide` from
-its spec, its recorded status and what the cluster looks like, with no I/O, so every transition can be
-tested without a cluster and replayed after a crash.
+``cli`` > ``runtime`` > ``reconcile`` > ``routers`` > ``kube`` > ``planner`` > ``admission`` > ``analysis``
+> ``api``. The bottom four are pure. A release's next step is decided by :func:`greyrelease.planner.decide`
+from its spec, its recorded status and what the cluster looks like, with no I/O, so every transition can
+be tested without a cluster and replayed after a crash; whether a Deployment's new pod template is held
+at admission is decided by :mod:`greyrelease.admission` from the admission review alone (the webhook that
+serves it is in ``runtime``).
 
 What kopf does for us: the watch of GreyReleases, the finalizer and the deletion handler, the process's
 startup, cleanup and signal handling. What we do ourselves, and why:

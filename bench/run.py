@@ -438,7 +438,9 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
 
         def live() -> bool:
             got = {g["metadata"]["name"]: g.get("status") or {} for g in kube.list(gr_path)}
-            return all(got[h].get("batchReadyAt") and got[h].get("targetVersion") == "v3" for h in held)
+            return all(
+                (got[h].get("batchTimes") or {}).get("readyAt") and got[h].get("targetVersion") == "v3" for h in held
+            )
 
         wait(live, 900, "held releases live", 1)
         wait(lambda: settled(kube, ns, n + m), 900, "held canaries ready, nothing else moving", 2)

@@ -188,7 +188,9 @@ def run_shards(
 
         def live() -> bool:
             got = {(g["metadata"]["namespace"], g["metadata"]["name"]): g.get("status") or {} for g in releases()}
-            return all(got[h].get("batchReadyAt") and got[h].get("targetVersion") == "v3" for h in keys)
+            return all(
+                (got[h].get("batchTimes") or {}).get("readyAt") and got[h].get("targetVersion") == "v3" for h in keys
+            )
 
         wait(live, 900 * max(1.0, n / 1000), "held releases live", 2)
         time.sleep(10)  # the held canaries' pods settle

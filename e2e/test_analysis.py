@@ -103,7 +103,7 @@ def test_error_rate_raised_in_batch_two_rolls_back_in_time(
     wait_for(
         lambda: (
             status(cluster, namespace, "web").get("currentBatch") == 2
-            and status(cluster, namespace, "web").get("batchReadyAt")
+            and (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt")
         ),
         90,
         "batch 2 live",
@@ -140,7 +140,7 @@ def test_prometheus_down_never_lets_a_batch_pass(
             batches=[{"replicas": 1, "pause": "1s"}, {"replicas": 4}],
         ),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     prometheus.stop()
     try:
         if limit == 2:

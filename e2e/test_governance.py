@@ -138,7 +138,7 @@ def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace
         60,
         "the batch waiting for approval",
     )
-    expires = parse_time(waiting["approvalExpiresAt"])
+    expires = parse_time(waiting["batchTimes"]["approvalExpiresAt"])
     shown = subprocess.run(
         [sys.executable, "-m", "greyrelease.cli.plugin", "status", "web", "-n", namespace],
         capture_output=True,

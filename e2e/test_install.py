@@ -339,7 +339,7 @@ def test_release_and_abort_with_only_the_shipped_rbac(
     )
     wait_for(
         lambda: (
-            status(cluster, namespace, "web").get("batchReadyAt")
+            (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt")
             and status(cluster, namespace, "web").get("targetVersion") == "v3"
         ),
         60,

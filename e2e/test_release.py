@@ -108,7 +108,7 @@ def test_abort_mid_batch_cuts_canary_off_at_once(cluster: Cluster, namespace: st
         namespace,
         gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     wait_for(
         lambda: len([p for p in endpoint_pods(cluster, namespace, "web") if "canary" in p]) == 2,
         20,
@@ -265,7 +265,7 @@ def test_deleting_a_release_mid_batch_restores_the_app(
         namespace,
         gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     assert (deployment(cluster, namespace, "web") or {})["spec"]["replicas"] == 2
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--timeout=60s")
     dep = deployment(cluster, namespace, "web")

@@ -335,7 +335,10 @@ def test_api_server_restart_mid_release(
             gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
         )
         wait_for(
-            lambda: (s := status(cluster, namespace, "web")).get("currentBatch") == 2 and s.get("batchReadyAt"),
+            lambda: (
+                (s := status(cluster, namespace, "web")).get("currentBatch") == 2
+                and (s.get("batchTimes") or {}).get("readyAt")
+            ),
             60,
             "batch 2 live",
         )
@@ -386,7 +389,7 @@ def test_user_scaling_the_stable_mid_release_is_reverted_once_per_transition(
         namespace,
         gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     st = status(cluster, namespace, "web")
     assert st["restore"]["replicas"] == 6 and (deployment(cluster, namespace, "web") or {})["spec"]["replicas"] == 4
     edited = now()
@@ -486,7 +489,7 @@ def test_release_deleted_while_the_controller_is_down_is_cleaned_up_on_restart(
         namespace,
         gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     ctl.kill()
     cluster.kubectl("delete", "gr", "web", "-n", namespace, "--wait=false")
     time.sleep(2)
@@ -510,7 +513,7 @@ def test_target_deleted_mid_release_fails_and_leaves_nothing(cluster: Cluster, n
         namespace,
         gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     cluster.kubectl("delete", "deployment", "web", "-n", namespace)
     st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=30)
     assert st["phase"] == "Failed" and "target Deployment 'web' is gone" in st["message"], st
@@ -537,7 +540,7 @@ def test_canary_deleted_mid_release_is_recreated_and_the_release_completes(
         namespace,
         gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=SERVICE),
     )
-    wait_for(lambda: status(cluster, namespace, "web").get("batchReadyAt"), 60, "batch 1 live")
+    wait_for(lambda: (status(cluster, namespace, "web").get("batchTimes") or {}).get("readyAt"), 60, "batch 1 live")
     old = (deployment(cluster, namespace, "web-canary") or {})["metadata"]["uid"]
     t0 = time.monotonic()
     cluster.kubectl("delete", "deployment", "web-canary", "-n", namespace)

@@ -154,7 +154,7 @@ def assert_left_as_written(cluster: Cluster, namespace: str, routing: dict[str, 
 def live_batch(cluster: Cluster, namespace: str, k: int) -> Callable[[], dict[str, Any] | None]:
     def check() -> dict[str, Any] | None:
         st = status(cluster, namespace, "web")
-        return st if st.get("currentBatch") == k and st.get("batchReadyAt") else None
+        return st if st.get("currentBatch") == k and (st.get("batchTimes") or {}).get("readyAt") else None
 
     return check
 

@@ -136,7 +136,7 @@ def ready_endpoints(cluster: Cluster, namespace: str) -> dict[str, int]:
 
 def live_batch(cluster: Cluster, namespace: str, k: int) -> dict[str, Any] | None:
     st = status(cluster, namespace, "web")
-    return st if st.get("currentBatch") == k and st.get("batchReadyAt") else None
+    return st if st.get("currentBatch") == k and (st.get("batchTimes") or {}).get("readyAt") else None
 
 
 def answered_since(load: Load, start: float, n: int, timeout: float) -> list[Record]:

@@ -164,9 +164,10 @@ class GreyReleaseContender(Contender):
         version, phase, batch = st.get("targetVersion", ""), st.get("phase", ""), st.get("currentBatch", 0)
         if not version:
             return None
+        live = bool((st.get("batchTimes") or {}).get("readyAt"))
         return Progress(
             version=version,
-            paused=batch == 1 and bool(st.get("batchReadyAt")) and phase in ("Progressing", "Paused"),
+            paused=batch == 1 and live and phase in ("Progressing", "Paused"),
             advanced=batch >= 2 or phase in ("Promoting", "Succeeded"),
             done=phase == "Succeeded",
         )

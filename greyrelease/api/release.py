@@ -687,6 +687,27 @@ class Restore(_Camel):
     image: str | None = Field(None, description="The stable container's image before the release.")
 
 
+class BatchTimes(_Camel):
+    """When the current batch began, went live and waits until. A batch that begins starts them afresh; one
+    that ends (the promotion, the end of a rollback) keeps only when it began."""
+
+    started_at: Timestamp | None = Field(None, description="When the batch began (its deadline counts from here).")
+    ready_at: Timestamp | None = Field(None, description="When the batch went live (canary ready, weight set).")
+    next_check_at: Timestamp | None = Field(None, description="When the batch's timed pause ends.")
+    approval_expires_at: Timestamp | None = Field(
+        None, description="While waiting for approval with a timeout: when the approval expires."
+    )
+
+
+#: The timers as fields of the status itself, as a controller before ``batchTimes`` stored them.
+_FLAT_BATCH_TIMES = {
+    "batchStartedAt": "startedAt",
+    "batchReadyAt": "readyAt",
+    "nextCheckAt": "nextCheckAt",
+    "approvalExpiresAt": "approvalExpiresAt",
+}
+
+
 class GreyReleaseStatus(_Camel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True, alias_generator=_camel)
     phase: Phase | None = Field(None, description="Where the release is (see How a release moves).")
@@ -719,15 +740,8 @@ class GreyReleaseStatus(_Camel):
         "are named after its number, so a transition planned again after a crash posts none of them twice.",
     )
     phase_started_at: Timestamp | None = Field(None, description="When the current phase began.")
-    batch_started_at: Timestamp | None = Field(
-        None, description="When the current batch began (its deadline counts from here)."
-    )
-    batch_ready_at: Timestamp | None = Field(
-        None, description="When the current batch went live (canary ready, weight set)."
-    )
-    next_check_at: Timestamp | None = Field(None, description="When the current batch's timed pause ends.")
-    approval_expires_at: Timestamp | None = Field(
-        None, description="While waiting for approval with a timeout: when the approval expires."
+    batch_times: BatchTimes = Field(
+        default_factory=BatchTimes, description="The current batch's timers: when it began, went live, waits until."
     )
     queue_position: int | None = Field(None, description="While Queued: 1 for the next release to start.")
     last_promotion: str = Field("", description="The last greyrelease.io/promote consumed, with its batch and time.")
@@ -741,20 +755,45 @@ class GreyReleaseStatus(_Camel):
 
     @model_validator(mode="before")
     @classmethod
+    def _batch_times_of_an_earlier_controller(cls, data: Any) -> Any:
+        """A status written before ``batchTimes`` existed had the current batch's timers as fields of its
+        own (``batchStartedAt``, ``batchReadyAt``, ``nextCheckAt``, ``approvalExpiresAt``). When
+        ``batchTimes`` is there, fields of that name left beside it are ignored."""
+        if not isinstance(data, dict) or "batchTimes" in data or "batch_times" in data:
+            return data
+        if not any(name in data for name in _FLAT_BATCH_TIMES):
+            return data
+        times = {new: data[old] for old, new in _FLAT_BATCH_TIMES.items() if data.get(old) is not None}
+        return {**{k: v for k, v in data.items() if k not in _FLAT_BATCH_TIMES}, "batchTimes": times}
+
+    @model_validator(mode="before")
+    @classmethod
     def _batch_state_of_an_earlier_controller(cls, data: Any) -> Any:
         """A status written before ``batchState`` existed told the batch's state otherwise: a live batch
-        had ``batchReadyAt``, and one waiting for approval said so in its message."""
+        had ``batchReadyAt`` (``batchTimes.readyAt`` once upgraded, see above), and one waiting for
+        approval said so in its message."""
         if not isinstance(data, dict) or "batchState" in data or "batch_state" in data:
             return data
         if data.get("phase") not in (Phase.PROGRESSING, Phase.PAUSED):  # the batch phases it knew
             return data
-        if not data.get("batchReadyAt", data.get("batch_ready_at")):
+        if not _ready_at(data):
             state = BatchState.UPSCALING
         elif WAITING_TEXT in str(data.get("message") or ""):
             state = BatchState.WAITING_FOR_APPROVAL
         else:
             state = BatchState.VERIFYING
         return {**data, "batchState": state}
+
+
+def _ready_at(status: dict[str, Any]) -> Any:
+    """When the batch went live, as a status given to the model has it (stored, or built in Python; the
+    timers in ``batchTimes`` or, from an earlier controller, beside it)."""
+    times = status.get("batchTimes", status.get("batch_times"))
+    if times is None:
+        return status.get("batchReadyAt")
+    if isinstance(times, BatchTimes):
+        return times.ready_at
+    return times.get("readyAt", times.get("ready_at")) if isinstance(times, dict) else None
 
 
 class GreyRelease(_Camel):

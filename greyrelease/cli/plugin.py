@@ -144,15 +144,16 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
         lines.append("             (the controller has not seen the latest spec yet)")
     if st.get("message"):
         lines.append(f"Message:     {st['message']}")
-    next_check = until(st.get("nextCheckAt"), now)
+    times = st.get("batchTimes") or {}
+    next_check = until(times.get("nextCheckAt"), now)
     if next_check and phase not in TERMINAL_PHASES:
         lines.append(f"Next check:  {next_check}")
-    expires = parse_time(st.get("approvalExpiresAt"))
+    expires = parse_time(times.get("approvalExpiresAt"))
     if expires is not None and phase not in TERMINAL_PHASES:
         left = max(0, int((expires - now).total_seconds()))
         lines.append(
             f"Approval:    {left // 3600}h{left % 3600 // 60:02d}m{left % 60:02d}s left (until "
-            f"{st['approvalExpiresAt']})"
+            f"{times['approvalExpiresAt']})"
         )
     if st.get("queuePosition"):
         lines.append(f"Queue:       position {st['queuePosition']}")

@@ -15,7 +15,6 @@ from greyrelease.api.release import (
     WAITING_TEXT,
     BatchState,
     CheckVerdict,
-    MetricStatus,
     Phase,
     fmt_time,
 )
@@ -35,7 +34,7 @@ def upscale(p: Pass, b: Batch) -> Then:
     canary = p.world.canary
     if canary is None or canary.deleting or not canary.rolled_out(step.canary_replicas, b.image):
         have = 0 if canary is None or canary.image != b.image else min(canary.ready, canary.updated)
-        deadline = p.deadline(st.batch_started_at)
+        deadline = p.deadline(st.batch_times.started_at)
         if p.now >= deadline:
             return deadline_passed(p, f"{b.label}: {have}/{step.canary_replicas} canary pods ready")
         # Until the new canary pods are ready the stable keeps the size of the batch before, so ready
@@ -52,7 +51,7 @@ def upscale(p: Pass, b: Batch) -> Then:
     if serving is not None and serving < step.canary_replicas and (step.weight or step.header_match):
         # Ready pods are not yet endpoints: the EndpointSlice controller lists them a moment later, and
         # a proxy answers 503 for the share it sends to a Service with none.
-        deadline = p.deadline(st.batch_started_at)
+        deadline = p.deadline(st.batch_times.started_at)
         if p.now >= deadline:
             return deadline_passed(p, f"{b.label}: the canary Service lists {serving}/{step.canary_replicas} pods")
         p.set(message=f"{b.label}: waiting for the canary Service to list {step.canary_replicas} ready pods")
@@ -77,11 +76,9 @@ def _go_live(p: Pass, b: Batch) -> Then:
     next_check = p.now + timedelta(seconds=pause) if pause is not None else None
     manual = step.pause == MANUAL
     expires = p.now + timedelta(seconds=step.approval.timeout) if manual and step.approval else None
+    p.times(ready_at=p.now, next_check_at=next_check, approval_expires_at=expires)
     p.set(
         batch_state=BatchState.WAITING_FOR_APPROVAL if manual else BatchState.VERIFYING,
-        batch_ready_at=p.now,
-        next_check_at=next_check,
-        approval_expires_at=expires,
         canary_weight=step.weight,
         canary_replicas=step.canary_replicas,
         stable_replicas=step.stable_replicas,
@@ -122,7 +119,7 @@ def _hold_message(b: Batch, next_check: datetime | None, expires: datetime | Non
 def verify(p: Pass, b: Batch) -> Then:
     """Verifying (or WaitingForApproval): the batch is live; wait for its pause, its gate or an
     approval, then move on."""
-    st, step = p.status, b.step
+    step = b.step
     k, n = step.number, len(b.steps)
     gate = _gate(p, b)
     if gate is not None and gate.failed:
@@ -143,26 +140,25 @@ def verify(p: Pass, b: Batch) -> Then:
         p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
         p.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={promote!r}: use next or full", warning=True)
 
+    times = p.status.batch_times
     if step.pause == MANUAL:
         expires = None
         if step.approval is not None:
             # Recorded when the batch went live; a timeout added to the spec meanwhile counts from then too.
-            expires = st.approval_expires_at or (st.batch_ready_at or p.now) + timedelta(seconds=step.approval.timeout)
+            timeout = timedelta(seconds=step.approval.timeout)
+            expires = times.approval_expires_at or (times.ready_at or p.now) + timeout
             if p.now >= expires:
                 return _approval_expired(p, b, step.approval)
             p.at(expires)
-        p.set(
-            batch_state=BatchState.WAITING_FOR_APPROVAL,
-            approval_expires_at=expires,
-            message=_hold_message(b, None, expires),
-        )
+        p.times(approval_expires_at=expires)
+        p.set(batch_state=BatchState.WAITING_FOR_APPROVAL, message=_hold_message(b, None, expires))
         return WAIT
-    if st.next_check_at is not None and p.now < st.next_check_at:
-        p.at(st.next_check_at)
+    if times.next_check_at is not None and p.now < times.next_check_at:
+        p.at(times.next_check_at)
         return WAIT
     if gate is not None and not gate.passed:
         # No verdict yet (no data, or too few passing checks): wait, but not past the progress deadline.
-        deadline = p.deadline(st.next_check_at or st.batch_ready_at)
+        deadline = p.deadline(times.next_check_at or times.ready_at)
         if p.now >= deadline:
             return roll_back(
                 p,
@@ -203,7 +199,7 @@ def _gate(p: Pass, b: Batch) -> Verdict | None:
             p.event(R.METRIC_CHECK_FAILED, f"{b.label}: metric {metric.name}: {folded.message}", warning=True)
     ordered = [metrics[m.name] for m in analysis.metrics if m.name in metrics]
     p.set(metrics=ordered)
-    p.at(next_check_at(analysis, ordered, p.status.batch_ready_at or p.now))
+    p.at(next_check_at(analysis, ordered, p.status.batch_times.ready_at or p.now))
     return judge_metrics(analysis, ordered)
 
 
@@ -224,16 +220,7 @@ def _advance(p: Pass, b: Batch) -> Then:
     """Batch k+1 starts: the canary grows to its size (Upscaling)."""
     k, n = b.step.number, len(b.steps)
     result = next((r.result for r in reversed(p.status.history) if r.batch == k), "passed") or "passed"
-    p.set(
-        batch_state=BatchState.UPSCALING,
-        current_batch=k + 1,
-        batch_started_at=p.now,
-        batch_ready_at=None,
-        next_check_at=None,
-        approval_expires_at=None,
-        # The last values stay visible; the counts start again, since only checks of the new batch count.
-        metrics=[_fresh(m) for m in p.status.metrics],
-    )
+    p.begin_batch(k + 1)
     p.history(k + 1, started_at=p.now)
     p.phase(Phase.PROGRESSING, f"batch {k + 1}/{n}: growing the canary")
     p.event(R.BATCH_PASSED, f"batch {k}/{n} {result}; starting batch {k + 1}/{n}")
@@ -281,7 +268,7 @@ def on_pause(p: Pass, b: Batch) -> Then:
     p.event(R.RESUMED, f"resumed at {b.label}")
     if p.status.batch_state == BatchState.UPSCALING:
         # The deadline measures progress, and nothing was asked to progress while paused.
-        p.set(batch_started_at=p.now)
+        p.times(started_at=p.now)
     p.again(0)
     return WAIT
 
@@ -297,19 +284,7 @@ def canary_lost(p: Pass, b: Batch) -> Then:
     k = b.step.number
     before = b.steps[k - 2] if k > 1 else None
     p.act(SetWeight(before.weight if before else 0, before.header_match if before else None))
-    p.set(
-        batch_state=BatchState.UPSCALING,
-        batch_started_at=p.now,
-        batch_ready_at=None,
-        next_check_at=None,
-        approval_expires_at=None,
-        canary_weight=before.weight if before else 0,
-        metrics=[_fresh(m) for m in p.status.metrics],
-    )
+    p.begin_batch(k)
+    p.set(canary_weight=before.weight if before else 0)
     p.event(R.CANARY_LOST, f"{b.label}: the canary Deployment was deleted; recreating it", warning=True)
     return GO_ON
-
-
-def _fresh(m: MetricStatus) -> MetricStatus:
-    """A metric's status for a new batch: the last values stay visible, the counts start again."""
-    return m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0})

@@ -15,9 +15,11 @@ from greyrelease.api.release import (
     TERMINAL_PHASES,
     BatchRecord,
     BatchState,
+    BatchTimes,
     Condition,
     GreyReleaseSpec,
     GreyReleaseStatus,
+    MetricStatus,
     Phase,
 )
 from greyrelease.planner import reasons as R
@@ -137,6 +139,28 @@ class Pass:
             records.append(BatchRecord(batch=batch, **changes))
         self.set(history=records[-HISTORY_LIMIT:])
 
+    # The current batch's timers are begun and ended here, and nowhere else.
+
+    def begin_batch(self, number: int) -> None:
+        """Batch ``number`` begins (or begins again, its canary lost): Upscaling, its timers counting from
+        now, the metrics' counts from zero (their last values stay visible: only checks of this batch
+        count for it)."""
+        self.set(
+            batch_state=BatchState.UPSCALING,
+            current_batch=number,
+            batch_times=BatchTimes(started_at=self.now),
+            metrics=[_fresh(m) for m in self.status.metrics],
+        )
+
+    def end_batch(self) -> None:
+        """The last batch is over (the promotion starts, a rollback is done): nothing is timed any more.
+        When it began stays, as its number does."""
+        self.set(batch_times=BatchTimes(started_at=self.status.batch_times.started_at))
+
+    def times(self, **changes: datetime | None) -> None:
+        """The current batch's timers as it goes on (live, its pause set, its approval's deadline)."""
+        self.set(batch_times=self.status.batch_times.model_copy(update=changes))
+
     def build(self, generation: int) -> Plan:
         st = self.status
         if st.phase == Phase.QUEUED:
@@ -158,6 +182,11 @@ def paused(spec: GreyReleaseSpec, world: Observed) -> bool:
     """``spec.paused``, or a ``greyrelease.io/pause`` annotation whose value is not false."""
     value = world.annotations.get(PAUSE_ANNOTATION)
     return spec.paused or (value is not None and value.strip().lower() not in FALSY)
+
+
+def _fresh(m: MetricStatus) -> MetricStatus:
+    """A metric's status for a new batch: the last values stay visible, the counts start again."""
+    return m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0})
 
 
 def started(status: GreyReleaseStatus) -> bool:

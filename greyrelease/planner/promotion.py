@@ -21,7 +21,7 @@ def _weighted(spec: GreyReleaseSpec) -> bool:
 
 
 def start_promotion(p: Pass, n: int) -> Then:
-    p.set(batch_ready_at=None, next_check_at=None, approval_expires_at=None)
+    p.end_batch()
     p.phase(Phase.PROMOTING, "rolling the stable Deployment to the target version")
     p.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
     return GO_ON

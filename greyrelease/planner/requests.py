@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from greyrelease.api.release import ABORT_ANNOTATION, RETRY_ANNOTATION, Phase, Restore
+from greyrelease.api.release import ABORT_ANNOTATION, RETRY_ANNOTATION, BatchTimes, Phase, Restore
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import RemoveAnnotations, RestoreStableSelector, SetStableImage, SetWeight
 from greyrelease.planner.passes import WAIT, Pass, Then, started
@@ -65,10 +65,7 @@ def _start_over(p: Pass) -> Then:
         total_batches=0,
         history=[],
         metrics=[],
-        batch_started_at=None,
-        batch_ready_at=None,
-        next_check_at=None,
-        approval_expires_at=None,
+        batch_times=BatchTimes(),
         last_promotion="",
         end_phase=None,
     )

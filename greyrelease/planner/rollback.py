@@ -61,14 +61,12 @@ def rolling_back(p: Pass) -> Then:
     target = p.world.target
     if not _restore(p, st.phase_started_at or p.now):
         return WAIT
+    p.end_batch()
     p.set(
         canary_weight=0,
         canary_replicas=0,
         stable_replicas=st.restore.replicas or (target.replicas if target else 0),
         restore=Restore(),
-        batch_ready_at=None,
-        next_check_at=None,
-        approval_expires_at=None,
         end_phase=None,
     )
     p.phase(st.end_phase or Phase.FAILED, f"{st.message}; stable {st.stable_version} serves all traffic")

@@ -4,7 +4,7 @@ governs the start: :mod:`.waits`)."""
 
 from __future__ import annotations
 
-from greyrelease.api.release import BatchState, Phase, Restore
+from greyrelease.api.release import Phase, Restore
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import PrepareRouting
 from greyrelease.planner.batches import PlanError
@@ -78,23 +78,18 @@ def start(p: Pass) -> Then:
         p.phase(Phase.INITIALIZING, f"waiting for the ReplicaSet of {target.name}")
         p.again(1.0)
         return WAIT
+    p.begin_batch(1)
     p.set(
         target_version=spec.target_version,
         stable_version=version_of(original_image),
         target_name=target.name,
         stable_pod_template_hash=p.status.stable_pod_template_hash or target.template_hash,
         restore=Restore(replicas=replicas, image=original_image),
-        current_batch=1,
         total_batches=len(steps),
         canary_weight=0,
         canary_replicas=0,
         stable_replicas=target.replicas,
-        batch_started_at=p.now,
-        batch_ready_at=None,
-        next_check_at=None,
-        approval_expires_at=None,
         metrics=[],
-        batch_state=BatchState.UPSCALING,
     )
     p.phase(Phase.PROGRESSING, f"batch 1/{len(steps)}: starting the canary")
     p.history(1, started_at=p.now)

@@ -67,7 +67,7 @@ def hold_between(p: Pass, b: Batch, hold: Hold) -> Then:
     """The batch passed; the next one waits for a release window (or a freeze's end). The canary keeps
     this batch's pods and traffic meanwhile."""
     k, n = b.step.number, len(b.steps)
-    p.set(next_check_at=None, approval_expires_at=None)
+    p.times(next_check_at=None, approval_expires_at=None)
     return _wait(p, f"{b.label} passed; batch {k + 1}/{n} is {hold.message}", hold.until, state=BatchState.DONE)
 
 

@@ -18,7 +18,11 @@ from greyrelease.reconcile.prometheus import Prometheus
 def due(spec: GreyReleaseSpec, status: GreyReleaseStatus, now: datetime) -> bool:
     """Whether this pass should query the metrics (a live batch whose next check time has come)."""
     return _due(
-        spec.analysis, phase=status.phase, batch_ready_at=status.batch_ready_at, statuses=list(status.metrics), now=now
+        spec.analysis,
+        phase=status.phase,
+        batch_ready_at=status.batch_times.ready_at,
+        statuses=list(status.metrics),
+        now=now,
     )
 
 

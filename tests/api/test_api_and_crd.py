@@ -161,14 +161,14 @@ def test_readme_field_reference_is_current() -> None:
 def test_timestamps_are_stored_as_rfc3339_utc_to_the_millisecond() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from greyrelease.api.release import GreyReleaseStatus, parse_time
+    from greyrelease.api.release import BatchTimes, GreyReleaseStatus, parse_time
 
     at = datetime(2026, 1, 1, 13, 0, 0, 123456, tzinfo=timezone(timedelta(hours=1)))
     status = GreyReleaseStatus.model_validate({"phase": "Progressing", "phaseStartedAt": "2026-01-01T12:00:00.000Z"})
-    dumped = status.model_copy(update={"batch_ready_at": at}).model_dump(by_alias=True, mode="json")
+    dumped = status.model_copy(update={"batch_times": BatchTimes(ready_at=at)}).model_dump(by_alias=True, mode="json")
     assert dumped["phaseStartedAt"] == "2026-01-01T12:00:00.000Z"
-    assert dumped["batchReadyAt"] == "2026-01-01T12:00:00.123Z"
-    assert parse_time(dumped["batchReadyAt"]) == at.replace(microsecond=123000)
+    assert dumped["batchTimes"]["readyAt"] == "2026-01-01T12:00:00.123Z"
+    assert parse_time(dumped["batchTimes"]["readyAt"]) == at.replace(microsecond=123000)
     assert parse_time("not a time") is None and parse_time(None) is None
     with pytest.raises(ValidationError, match="timezone"):
         GreyReleaseStatus.model_validate({"phaseStartedAt": "2026-01-01T12:00:00"})

@@ -61,7 +61,7 @@ PROGRESSING = {
     "targetVersion": "v2",
     "message": "batch 2/5: pausing 30s",
     "observedGeneration": 1,
-    "nextCheckAt": (NOW + timedelta(seconds=8)).isoformat(),
+    "batchTimes": {"nextCheckAt": (NOW + timedelta(seconds=8)).isoformat()},
     "metrics": [
         {"name": "error-rate", "value": 0.012345, "stableValue": 0.01, "verdict": "Pass", "checkedAt": ts(3)},
         {"name": "latency-p99", "value": None, "verdict": "NoData", "message": "no samples"},
@@ -222,7 +222,7 @@ def test_status_shows_the_time_left_for_an_approval_and_the_place_in_the_queue()
     waiting = {
         **PROGRESSING,
         "batchState": "WaitingForApproval",
-        "approvalExpiresAt": (NOW + timedelta(hours=3, minutes=59, seconds=12)).isoformat(),
+        "batchTimes": {"approvalExpiresAt": (NOW + timedelta(hours=3, minutes=59, seconds=12)).isoformat()},
     }
     text = render_status(release(waiting), [], NOW)
     assert "Approval:    3h59m12s left (until " in text, text

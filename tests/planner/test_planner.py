@@ -49,7 +49,7 @@ def hold(world: World):
     """Step until the current batch is live (canary ready, weight set); the plan that made it so."""
     for _ in range(5):
         plan = world.step()
-        if plan.status.batch_ready_at is not None:
+        if plan.status.batch_times.ready_at is not None:
             return plan
     raise AssertionError(f"batch never became ready: {world.status.message}")
 
@@ -136,14 +136,14 @@ def test_batch_grows_canary_before_shrinking_stable_then_moves_traffic() -> None
     plan = w.step()
     # Canary first; the stable keeps all its replicas while the canary is not ready.
     assert plan.actions == (PrepareRouting(), EnsureCanary(replicas=2, image="app:v2", version="v2"))
-    assert plan.status.batch_ready_at is None
+    assert plan.status.batch_times.ready_at is None
     assert "waiting for 2 canary pods to be ready" in plan.status.message
     w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
     plan = w.step()
     assert plan.actions == (ScaleStable(8), SetWeight(20, None))
     st = plan.status
     assert (st.canary_replicas, st.stable_replicas, st.canary_weight) == (2, 8, 20)
-    assert st.batch_ready_at is not None
+    assert st.batch_times.ready_at is not None
 
 
 def test_full_release_in_service_mode_ends_with_stable_on_target_and_no_canary() -> None:
@@ -186,11 +186,11 @@ def test_a_batch_without_pause_moves_on_in_the_pass_that_finds_it_ready() -> Non
     assert [e.reason for e in plan.events] == [R.BATCH_READY, R.BATCH_PASSED]
     first = plan.status.history[0]
     assert first.ready_at == first.finished_at and first.result == "passed"
-    assert plan.status.current_batch == 2 and plan.status.batch_ready_at is None
+    assert plan.status.current_batch == 2 and plan.status.batch_times.ready_at is None
     assert plan.requeue_after is not None and plan.requeue_after > 0  # the new canary wakes it
     # Batch 2 has a pause: it is held when ready, and its timer is the pause.
     plan = w.step()
-    assert plan.status.current_batch == 2 and plan.status.batch_ready_at is not None
+    assert plan.status.current_batch == 2 and plan.status.batch_times.ready_at is not None
     assert plan.requeue_after == 30
 
 
@@ -299,7 +299,7 @@ def test_manual_pause_waits_for_promote_next_and_consumes_it() -> None:
     # The same plan replayed (a repeated event) does not promote batch 2.
     w.step()
     plan = w.step()
-    assert plan.status.current_batch == 2 and plan.status.batch_ready_at is not None
+    assert plan.status.current_batch == 2 and plan.status.batch_times.ready_at is not None
 
 
 def test_promote_full_skips_to_promotion() -> None:
@@ -628,11 +628,11 @@ def test_canary_deleted_mid_release_is_recreated_at_once_not_at_the_next_batch()
     assert EnsureCanary(replicas=2, image="app:v2", version="v2") in plan.actions
     assert ScaleStable(10) in plan.actions
     st = plan.status
-    assert (st.phase, st.current_batch, st.batch_ready_at, st.canary_weight) == ("Progressing", 1, None, 0)
+    assert (st.phase, st.current_batch, st.batch_times.ready_at, st.canary_weight) == ("Progressing", 1, None, 0)
     assert R.CANARY_LOST in [e.reason for e in plan.events]
     plan = w.step()  # ready again: live with a full pause, the same history record
-    assert plan.status.batch_ready_at is not None and plan.status.current_batch == 1
-    assert fmt_time(plan.status.next_check_at) == "2026-01-01T12:01:30.000Z"
+    assert plan.status.batch_times.ready_at is not None and plan.status.current_batch == 1
+    assert fmt_time(plan.status.batch_times.next_check_at) == "2026-01-01T12:01:30.000Z"
     assert [h.batch for h in plan.status.history] == [1]
     assert w.canary is not None and w.stable is not None and w.stable.replicas == 8
     w.run(until={"Succeeded"})

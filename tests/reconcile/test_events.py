@@ -53,7 +53,8 @@ def test_a_transition_planned_again_from_the_same_state_posts_nothing_new() -> N
     [
         release({}, **{"greyrelease.io/last-handled-configuration": "{}"}),  # kopf's bookkeeping
         release({}, **{"greyrelease.io/abort": "true"}),  # a person's request, landed in between
-        release({"phase": "Progressing", "currentBatch": 1, "batchReadyAt": "x"}),  # a status written in between
+        # A status written in between.
+        release({"phase": "Progressing", "currentBatch": 1, "batchTimes": {"readyAt": "x"}}),
         {**release({}), "metadata": {**release({})["metadata"], "generation": 2}},  # a spec edit
     ],
     ids=["kopf-annotation", "user-annotation", "status", "generation"],

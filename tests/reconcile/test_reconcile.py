@@ -176,7 +176,7 @@ def held_at_batch_2(**spec: Any) -> MemoryKube:
     for _ in range(20):
         reconciler.reconcile(NS, "web", now=now)
         status = status_of(kube)
-        if status.get("currentBatch") == 2 and status.get("batchReadyAt"):
+        if status.get("currentBatch") == 2 and (status.get("batchTimes") or {}).get("readyAt"):
             break
         roll_out(kube)
         now += timedelta(seconds=10)

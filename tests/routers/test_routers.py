@@ -829,7 +829,7 @@ def test_abort_and_deletion_send_the_weight_to_zero_first_and_clean_up(routing: 
     original = user_objects(w.kube)
     for _ in range(50):
         w.step()
-        if w.status.current_batch == 2 and w.status.batch_ready_at:
+        if w.status.current_batch == 2 and w.status.batch_times.ready_at:
             break
         w.advance(1)
     assert w.routing_log[-1][1]["weight"] == 50

@@ -68,10 +68,10 @@ def test_the_steps_carry_the_approval_timeout() -> None:
 def test_an_approval_deadline_is_recorded_when_the_batch_goes_live() -> None:
     _, live = live_waiting_for_approval(manual())
     st = live.status
-    assert st.approval_expires_at == DEADLINE and st.batch_ready_at == T0
+    assert st.batch_times.approval_expires_at == DEADLINE and st.batch_times.ready_at == T0
     assert "until 2026-01-01T16:00:00.000Z, then abort" in st.message
     assert live.requeue_after == 4 * 3600
-    assert st.model_dump(mode="json", by_alias=True)["approvalExpiresAt"] == "2026-01-01T16:00:00.000Z"
+    assert st.model_dump(mode="json", by_alias=True)["batchTimes"]["approvalExpiresAt"] == "2026-01-01T16:00:00.000Z"
 
 
 def test_one_millisecond_before_the_deadline_it_still_waits() -> None:
@@ -94,7 +94,7 @@ def test_exactly_at_the_deadline_an_unapproved_batch_aborts() -> None:
     assert "no approval within 14400s" in expired[0].message
     assert "(approval.timeout)" in expired[0].message  # the field that set it
     w.run(until={Phase.ABORTED})
-    assert w.status.approval_expires_at is None
+    assert w.status.batch_times.approval_expires_at is None
     assert w.canary is None and w.weight == 0
     assert w.stable is not None and (w.stable.replicas, w.stable.image) == (10, "app:v1")
 
@@ -105,7 +105,7 @@ def test_on_timeout_promote_goes_on_to_the_next_batch() -> None:
     plan = w.step()
     st = plan.status
     assert (st.phase, st.batch_state, st.current_batch) == (Phase.PROGRESSING, BatchState.UPSCALING, 2)
-    assert st.approval_expires_at is None
+    assert st.batch_times.approval_expires_at is None
     assert EnsureCanary(replicas=5, image="app:v2", version="v2") in plan.actions
     expired = [e for e in plan.events if e.reason == R.APPROVAL_EXPIRED]
     assert len(expired) == 1 and "onTimeout: promote" in expired[0].message
@@ -117,7 +117,7 @@ def test_an_approval_before_the_deadline_clears_it() -> None:
     w.now = T0 + timedelta(hours=1)
     w.annotations[PROMOTE_ANNOTATION] = "next"
     plan = w.step()
-    assert (plan.status.current_batch, plan.status.approval_expires_at) == (2, None)
+    assert (plan.status.current_batch, plan.status.batch_times.approval_expires_at) == (2, None)
     assert R.APPROVAL_EXPIRED not in reasons(plan)
     w.step()  # batch 2 live, with its timed pause
     w.now = DEADLINE
@@ -134,7 +134,7 @@ def test_an_approval_before_the_deadline_clears_it() -> None:
 )
 def test_a_manual_pause_without_a_timeout_never_expires(s: GreyReleaseSpec) -> None:
     w, live = live_waiting_for_approval(s)
-    assert live.status.approval_expires_at is None
+    assert live.status.batch_times.approval_expires_at is None
     assert live.requeue_after is None
     w.now = T0 + timedelta(days=400)
     plan = w.step()
@@ -145,7 +145,7 @@ def test_the_deadline_survives_a_controller_restart() -> None:
     w, live = live_waiting_for_approval(manual())
     # A new controller knows only what the status stores.
     stored = GreyReleaseStatus.model_validate(live.status.model_dump(mode="json", by_alias=True))
-    assert stored.approval_expires_at == DEADLINE
+    assert stored.batch_times.approval_expires_at == DEADLINE
     for now, phase in ((DEADLINE - timedelta(milliseconds=1), Phase.PROGRESSING), (DEADLINE, Phase.ROLLING_BACK)):
         restarted = GovWorld(manual(), stable=w.stable, canary=w.canary, status=stored, now=now, weight=w.weight)
         plan = restarted.step()

@@ -1,11 +1,16 @@
 """What the planner asks the adapters to do: plain data, applied in order by the reconciler.
 
 Every action is idempotent ("make it so"): applying one twice, or after a crash, changes nothing more.
+
+An action carries everything its adapter needs to carry it out: an adapter reads nothing of the plan's
+status (nor of the status it was built from). What is only needed to carry an action out, in some modes,
+rather than asked by it (the stable ReplicaSet's hash a Service is narrowed to) is left out of the
+comparison of two actions: ``SetWeight(0)`` is the abort, whichever ReplicaSet is the stable one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from greyrelease.api.release import GreyReleaseStatus
@@ -43,15 +48,21 @@ class DeleteCanary:
 
 @dataclass(frozen=True)
 class PrepareRouting:
-    """The routing objects exist with the canary at weight 0 (canary Service/Ingress, stable narrowing)."""
+    """The routing objects exist with the canary at weight 0 (canary Service/Ingress), and the stable
+    Service, where the mode has one of its own (nginx, Gateway API), selects only the pods of the stable
+    ReplicaSet: those labelled ``pod-template-hash: <stable_hash>``."""
+
+    stable_hash: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
 class SetWeight:
-    """The canary gets ``weight`` percent of the traffic (0 = none: this is the abort)."""
+    """The canary gets ``weight`` percent of the traffic (0 = none: this is the abort). In Service mode
+    weight 0 narrows the Service to the pods of the stable ReplicaSet, ``stable_hash``."""
 
     weight: int
     header_match: dict[str, str] | None = None
+    stable_hash: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

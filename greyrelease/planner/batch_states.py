@@ -19,7 +19,7 @@ from greyrelease.api.release import (
     fmt_time,
 )
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import EnsureCanary, RemoveAnnotations, ScaleStable, SetWeight
+from greyrelease.planner.actions import EnsureCanary, RemoveAnnotations, ScaleStable
 from greyrelease.planner.batches import MANUAL, Approval
 from greyrelease.planner.passes import CONVERGE_POLL, ENDPOINTS_POLL, GO_ON, WAIT, Batch, Pass, Then, paused
 from greyrelease.planner.promotion import start_promotion
@@ -71,7 +71,7 @@ def _go_live(p: Pass, b: Batch) -> Then:
         return WAIT
     if target.replicas != step.stable_replicas:
         p.act(ScaleStable(step.stable_replicas))
-    p.act(SetWeight(step.weight, step.header_match))
+    p.set_weight(step.weight, step.header_match)
     pause = float(step.pause) if isinstance(step.pause, (int, float)) else None
     next_check = p.now + timedelta(seconds=pause) if pause is not None else None
     manual = step.pause == MANUAL
@@ -283,7 +283,7 @@ def canary_lost(p: Pass, b: Batch) -> Then:
     """
     k = b.step.number
     before = b.steps[k - 2] if k > 1 else None
-    p.act(SetWeight(before.weight if before else 0, before.header_match if before else None))
+    p.set_weight(before.weight if before else 0, before.header_match if before else None)
     p.begin_batch(k)
     p.set(canary_weight=before.weight if before else 0)
     p.event(R.CANARY_LOST, f"{b.label}: the canary Deployment was deleted; recreating it", warning=True)

@@ -23,7 +23,7 @@ from greyrelease.api.release import (
     Phase,
 )
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import Action, Event, Plan
+from greyrelease.planner.actions import Action, Event, Plan, PrepareRouting, SetWeight
 from greyrelease.planner.batches import Step, expand
 from greyrelease.planner.observed import Observed, Workload, project
 
@@ -94,6 +94,15 @@ class Pass:
     def act(self, *actions: Action) -> None:
         self.actions.extend(actions)
         self._unseen.extend(actions)
+
+    def prepare_routing(self) -> None:
+        """Plan the routing objects, the stable Service narrowed to the stable ReplicaSet recorded."""
+        self.act(PrepareRouting(stable_hash=self.status.stable_pod_template_hash))
+
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+        """Plan the canary's share of the traffic (weight 0 narrows a Service to the stable ReplicaSet
+        recorded)."""
+        self.act(SetWeight(weight, header_match, stable_hash=self.status.stable_pod_template_hash))
 
     @property
     def world(self) -> Observed:

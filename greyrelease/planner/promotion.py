@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from greyrelease.api.release import GreyReleaseSpec, Phase, Restore
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import DeleteCanary, ResetRouting, RestoreStableSelector, SetStableImage, SetWeight
+from greyrelease.planner.actions import DeleteCanary, ResetRouting, RestoreStableSelector, SetStableImage
 from greyrelease.planner.images import target_image, version_of
 from greyrelease.planner.observed import Workload
 from greyrelease.planner.passes import CONVERGE_POLL, GO_ON, WAIT, Pass, Then
@@ -57,7 +57,7 @@ def promote(p: Pass, target: Workload) -> Then:
         # once the canary's pods are gone. In Service mode there is no weight to move: weight 0 would
         # narrow the Service to the old stable ReplicaSet, which no longer has pods.
         if _weighted(spec):
-            p.act(SetWeight(0))
+            p.set_weight(0)
         p.act(DeleteCanary())
         p.set(message="promoted: removing the canary", canary_weight=0)
         p.again(CONVERGE_POLL)

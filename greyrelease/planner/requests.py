@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 
 from greyrelease.api.release import ABORT_ANNOTATION, RETRY_ANNOTATION, BatchTimes, Phase, Restore
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import RemoveAnnotations, RestoreStableSelector, SetStableImage, SetWeight
+from greyrelease.planner.actions import RemoveAnnotations, RestoreStableSelector, SetStableImage
 from greyrelease.planner.passes import WAIT, Pass, Then, started
 from greyrelease.planner.rollback import roll_back
 from greyrelease.planner.start import start
@@ -76,7 +76,7 @@ def _restart(p: Pass) -> Then:
     """A new targetVersion mid-release: traffic back to stable, then batch 1 of the new version."""
     old = p.status.target_version
     target, restore = p.world.target, p.status.restore
-    p.act(SetWeight(0))
+    p.set_weight(0)
     if target is not None and restore.image and restore.replicas is not None and target.image != restore.image:
         p.act(RestoreStableSelector(), SetStableImage(restore.image, restore.replicas))
     p.event(R.RESTARTED, f"targetVersion changed from {old} to {p.spec.target_version}: restarting at batch 1")

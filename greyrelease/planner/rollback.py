@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from greyrelease.api.release import Phase, Restore
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import DeleteCanary, ResetRouting, SetStableImage, SetWeight
+from greyrelease.planner.actions import DeleteCanary, ResetRouting, SetStableImage
 from greyrelease.planner.passes import CONVERGE_POLL, WAIT, Pass, Then
 
 
@@ -22,7 +22,7 @@ def roll_back(p: Pass, end: Phase, reason: str, message: str) -> Then:
     nothing else. Putting the stable back and removing the canary follow in the next pass, which is not
     urgent: when many releases roll back at once (a burst of aborts), every one of them has its traffic
     cut before the API server is kept busy restoring capacity."""
-    p.act(SetWeight(0))
+    p.set_weight(0)
     p.set(canary_weight=0, end_phase=end)
     p.phase(Phase.ROLLING_BACK, message)
     p.event(reason, message, warning=True)
@@ -35,7 +35,7 @@ def _restore(p: Pass, since: datetime) -> bool:
     size, then (once the stable is ready, or ``progressDeadlineSeconds`` after ``since``) the canary
     removed, then the routing reset. True once all is back."""
     st, world = p.status, p.world
-    p.act(SetWeight(0))
+    p.set_weight(0)
     target, restore = world.target, st.restore
     stable_ready = True
     if target is not None and restore.image and restore.replicas is not None:

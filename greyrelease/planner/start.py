@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from greyrelease.api.release import Phase, Restore
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import PrepareRouting
 from greyrelease.planner.batches import PlanError
 from greyrelease.planner.images import target_image, version_of
 from greyrelease.planner.invalid import invalid
@@ -99,5 +98,5 @@ def start(p: Pass) -> Then:
     )
     # The routing objects (canary Service/Ingress, stable narrowing) come before any canary pod, so the
     # stable backend never sends traffic to a canary that copied its labels.
-    p.act(PrepareRouting())
+    p.prepare_routing()
     return GO_ON

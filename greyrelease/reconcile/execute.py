@@ -38,10 +38,10 @@ def apply(kube: Kube, action: Action, scene: Scene) -> None:
             workload.set_stable_image(image=image, replicas=replicas)
         case DeleteCanary():
             workload.delete_canary()
-        case PrepareRouting():
-            router.prepare()
-        case SetWeight(weight=weight, header_match=headers):
-            router.set_weight(weight, headers)
+        case PrepareRouting(stable_hash=stable_hash):
+            router.prepare(stable_hash)
+        case SetWeight(weight=weight, header_match=headers, stable_hash=stable_hash):
+            router.set_weight(weight, headers, stable_hash=stable_hash)
         case RestoreStableSelector():
             router.restore_stable_selector()
         case ResetRouting():

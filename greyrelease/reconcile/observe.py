@@ -1,5 +1,6 @@
 """Observation: the world one pass plans from, read through a :class:`~greyrelease.kube.protocol.Kube`, and the
-adapters that pass acts through (built once, from what was read)."""
+adapters that pass acts through (built once, from what was read; what they act on beyond that comes with
+each action)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,6 @@ from greyrelease.reconcile.policies import Governing, observe_governance
 from greyrelease.routers import Router, router_for
 
 
-class Recorded:
-    """The status the adapters act on: as read, until the pass's plan records a new one."""
-
-    def __init__(self, status: GreyReleaseStatus) -> None:
-        self.status = status
-
-    def __call__(self) -> GreyReleaseStatus:
-        return self.status
-
-
 @dataclass
 class Scene:
     """One pass's reading of the world, and the adapters built on it."""
@@ -42,7 +33,6 @@ class Scene:
     observed: Observed
     deployments: Deployments
     router: Router
-    recorded: Recorded
 
     @property
     def target_name(self) -> str:
@@ -93,9 +83,9 @@ def observe(
     if target is not None and not status.stable_pod_template_hash:
         template_hash = _template_hash(kube, namespace, target)
     target_name = target["metadata"]["name"] if target is not None else status.target_name
-    canary = kube.get(deployments_path(namespace, canary_name(target_name))) if target_name else None
-    recorded = Recorded(status)
-    router = router_for(kube, namespace=namespace, release=release, spec=spec, status=recorded)
+    canary_deployment = canary_name(target_name) if target_name else ""
+    canary = kube.get(deployments_path(namespace, canary_deployment)) if canary_deployment else None
+    router = router_for(kube, namespace=namespace, release=release, spec=spec, canary=canary_deployment)
     routing_error = router.problem() if status.phase in (None, Phase.INITIALIZING, Phase.INVALID_SPEC) else ""
     canary_endpoints = router.canary_endpoints() if _going_live(status, canary) else None
     deletion = _time(meta.get("deletionTimestamp"))
@@ -117,4 +107,4 @@ def observe(
         cycle=governance.cycle,
     )
     deployments = Deployments(kube, release=release, container=spec.container, target=target, canary=canary)
-    return Scene(release, spec, observed, deployments, router, recorded)
+    return Scene(release, spec, observed, deployments, router)

@@ -73,7 +73,6 @@ class Reconciler:
             if due(spec, status, now):
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
             plan = numbered(decide(spec, status, scene.observed, now), status)
-            scene.recorded.status = plan.status  # the adapters act on what the plan records
             execute(self.kube, plan.actions, scene)
             post_events(self.kube, release, plan, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record

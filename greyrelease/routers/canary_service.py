@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 
 from greyrelease.api.release import RELEASE_LABEL, TRACK_LABEL, Obj
 from greyrelease.kube.protocol import Kube, path
@@ -38,13 +37,12 @@ def foreign(kind: str, obj: Obj | None, release_uid: str) -> str:
     return f"{kind} {name!r} exists and is not owned by this release; rename or delete it"
 
 
-def stable_hash_or_raise(stable_hash: Callable[[], str], service: str) -> str:
+def stable_hash_or_raise(stable_hash: str, service: str) -> str:
     """The stable ReplicaSet's hash to narrow ``service`` to. Without it the stable Service would keep
     selecting the canary pods (they copy its labels), so preparing fails and is retried instead."""
-    value = stable_hash()
-    if not value:
+    if not stable_hash:
         raise RuntimeError(f"cannot narrow Service {service!r}: the stable ReplicaSet is not known yet")
-    return value
+    return stable_hash
 
 
 def user_selector(service: Obj) -> dict[str, str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 
 from greyrelease.api.release import GatewayRouting, Obj
 from greyrelease.kube.protocol import Kube, path
@@ -210,11 +209,9 @@ class GatewayRouter:
         namespace: str,
         routing: GatewayRouting,
         owner: Obj,
-        stable_hash: Callable[[], str],
     ) -> None:
         self.kube = kube
         self.routing = routing
-        self.stable_hash = stable_hash
         self.route_path = path("gateway.networking.k8s.io", "v1", "httproutes", namespace, routing.http_route)
         self.stable = ServiceSelector(kube, namespace=namespace, name=routing.stable_service)
         self.canary_service = CanaryService(
@@ -243,7 +240,7 @@ class GatewayRouter:
         if patch is not None:
             self.kube.patch(self.route_path, patch)
 
-    def prepare(self) -> None:
+    def prepare(self, stable_hash: str) -> None:
         stable = self.stable.get()
         if stable is None:
             raise RuntimeError(f"Service {self.routing.stable_service!r} not found")
@@ -251,9 +248,9 @@ class GatewayRouter:
         # The canary Service exists before the route names it, so the Gateway never has a dangling ref.
         self.canary_service.ensure(stable)
         self._set(route, 0, None)
-        self.stable.narrow(stable_hash_or_raise(self.stable_hash, self.routing.stable_service))
+        self.stable.narrow(stable_hash_or_raise(stable_hash, self.routing.stable_service))
 
-    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None, *, stable_hash: str = "") -> None:
         route = self.kube.get(self.route_path)
         if route is None:
             if weight > 0:

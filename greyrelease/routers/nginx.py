@@ -22,7 +22,6 @@ only; :meth:`NginxRouter.problem` refuses more before anything is touched.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 from greyrelease.api.release import RELEASE_LABEL, GreyReleaseSpec, NginxRouting, Obj
 from greyrelease.kube.protocol import Kube, path
@@ -174,13 +173,11 @@ class NginxRouter:
         routing: NginxRouting,
         spec: GreyReleaseSpec,
         owner: Obj,
-        stable_hash: Callable[[], str],
     ) -> None:
         self.kube = kube
         self.routing = routing
         self.spec = spec
         self.owner = owner
-        self.stable_hash = stable_hash
         self.prefix = routing.annotation_prefix.rstrip("/")
         self.ingress_path = path("networking.k8s.io", "v1", "ingresses", namespace, routing.ingress)
         self.canary_name = canary_ingress_name(routing.ingress)
@@ -236,12 +233,12 @@ class NginxRouter:
         if (patch := ingress_patch(existing, desired, self.prefix)) is not None:
             self.kube.patch(self.canary_path, patch)
 
-    def prepare(self) -> None:
+    def prepare(self, stable_hash: str) -> None:
         self._ensure(0, None)
         # Before any canary pod exists: the stable backend must never reach one.
-        self.stable.narrow(stable_hash_or_raise(self.stable_hash, self.routing.stable_service))
+        self.stable.narrow(stable_hash_or_raise(stable_hash, self.routing.stable_service))
 
-    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None, *, stable_hash: str = "") -> None:
         if weight > 0:
             self._ensure(weight, header_match)
             return

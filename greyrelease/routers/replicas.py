@@ -3,34 +3,25 @@ moves it. An abort can only take the canary's pods away, so weight 0 scales the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from greyrelease.api.release import GreyReleaseStatus
 from greyrelease.kube.protocol import Kube, Ref, path
-from greyrelease.kube.workload import canary_name, controller_uid
+from greyrelease.kube.workload import controller_uid
 
 
 class ReplicaRouter:
-    def __init__(
-        self, kube: Kube, *, namespace: str, release_uid: str, status: Callable[[], GreyReleaseStatus]
-    ) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.release_uid = release_uid
-        self.status = status
+    """``canary``: the name of the canary Deployment ("" when there is none to name yet)."""
 
-    @property
-    def canary_path(self) -> Ref | None:
-        target = self.status().target_name
-        return path("apps", "v1", "deployments", self.namespace, canary_name(target)) if target else None
+    def __init__(self, kube: Kube, *, namespace: str, release_uid: str, canary: str) -> None:
+        self.kube = kube
+        self.release_uid = release_uid
+        self.canary_path: Ref | None = path("apps", "v1", "deployments", namespace, canary) if canary else None
 
     def problem(self) -> str:
         return ""
 
-    def prepare(self) -> None:
+    def prepare(self, stable_hash: str) -> None:
         """Nothing to create."""
 
-    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None, *, stable_hash: str = "") -> None:
         canary_path = self.canary_path
         if weight != 0 or not canary_path:
             return

@@ -6,29 +6,25 @@ narrows the Service to the stable ReplicaSet (see :mod:`.selector`), any other w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from greyrelease.api.release import GreyReleaseStatus
 from greyrelease.kube.protocol import Kube
 from greyrelease.routers.selector import ServiceSelector
 
 
 class ServiceRouter:
-    def __init__(self, kube: Kube, *, namespace: str, service: str, status: Callable[[], GreyReleaseStatus]) -> None:
+    def __init__(self, kube: Kube, *, namespace: str, service: str) -> None:
         self.selector = ServiceSelector(kube, namespace=namespace, name=service)
-        self.status = status
 
     def problem(self) -> str:
         if self.selector.get() is None:
             return f"spec.trafficRouting.service.name: Service {self.selector.name!r} not found"
         return ""
 
-    def prepare(self) -> None:
+    def prepare(self, stable_hash: str) -> None:
         """Nothing to create: the user's Service already selects both tracks."""
 
-    def set_weight(self, weight: int, header_match: dict[str, str] | None = None) -> None:
+    def set_weight(self, weight: int, header_match: dict[str, str] | None = None, *, stable_hash: str = "") -> None:
         if weight == 0:
-            self.selector.narrow(self.status().stable_pod_template_hash)
+            self.selector.narrow(stable_hash)
         else:
             self.selector.restore()
 

@@ -719,7 +719,6 @@ def test_status_writes_lost_in_a_row_never_lose_the_stable_s_size(label: str, wo
     before = world.status
     for _ in range(lost):
         plan = decide(world.spec, before, world.observed(), world.now)
-        world.acting = plan.status
         for action in plan.actions:
             world.apply(action)
     world.status = before

@@ -137,10 +137,13 @@ def user_objects(kube: MemoryKube) -> dict[str, Obj]:
     return out
 
 
-def make_router(kube: MemoryKube, routing: Obj, status: GreyReleaseStatus | None = None, **fields: Any) -> Router:
+#: The stable ReplicaSet's pod-template-hash, as the planner puts it into the routing actions.
+STABLE_HASH = "stablehash"
+
+
+def make_router(kube: MemoryKube, routing: Obj, **fields: Any) -> Router:
     s = spec(trafficRouting=routing, **fields)
-    st = status or GreyReleaseStatus(stable_pod_template_hash="stablehash")
-    return router_for(kube, namespace=NS, release=RELEASE, spec=s, status=st)  # type: ignore[arg-type]
+    return router_for(kube, namespace=NS, release=RELEASE, spec=s, canary="web-canary")
 
 
 # --- nginx: pure builders --------------------------------------------------------------------------
@@ -437,7 +440,7 @@ def test_route_problem(obj: Obj | None, message: str) -> None:
 # --- routers against the store: refusal, idempotence, exact restore --------------------------------
 
 
-# The stable Deployment and its ReplicaSet: where prepare() finds the hash to narrow to on a first pass.
+# The stable Deployment and its ReplicaSet: where a first pass reads the hash the stable Service is narrowed to.
 STABLE: list[Obj] = [
     {
         "apiVersion": "apps/v1",
@@ -561,7 +564,7 @@ def test_foreign_objects_are_refused_by_writes_and_left_alone_by_abort_and_reset
     before = kube.get(MemoryKube.path_of(foreign))
     router = make_router(kube, routing)
     with pytest.raises(RuntimeError, match="not owned by this release"):
-        router.prepare()
+        router.prepare(STABLE_HASH)
     with pytest.raises(RuntimeError, match="not owned by this release"):
         router.set_weight(20)
     router.set_weight(0)
@@ -573,7 +576,7 @@ def test_nginx_router_prepares_weighs_and_resets_idempotently() -> None:
     kube = nginx_world()
     original = user_objects(kube)
     router = make_router(kube, NGINX)
-    router.prepare()
+    router.prepare(STABLE_HASH)
     canary = kube.get(CANARY_ING)
     assert canary is not None and canary["metadata"]["annotations"][f"{P}/canary-weight"] == "0"
     assert canary["spec"]["rules"] == [{"host": "a.example", "http": {"paths": [http_path("web-canary")]}}]
@@ -582,7 +585,7 @@ def test_nginx_router_prepares_weighs_and_resets_idempotently() -> None:
     assert "clusterIP" not in canary_svc["spec"]
     assert (kube.get(SVC) or {})["spec"]["selector"] == {"app": "web", "pod-template-hash": "stablehash"}
     kube.requests.clear()
-    router.prepare()  # a controller killed after preparing prepares again: nothing to write
+    router.prepare(STABLE_HASH)  # a controller killed after preparing prepares again: nothing to write
     router.set_weight(0)
     assert writes(kube) == []
 
@@ -605,12 +608,12 @@ def test_gateway_router_prepares_weighs_and_restores_the_route_exactly() -> None
     kube = gateway_world()
     original = user_objects(kube)
     router = make_router(kube, GATEWAY)
-    router.prepare()
+    router.prepare(STABLE_HASH)
     rules = (kube.get(ROUTE) or {})["spec"]["rules"]
     assert rules == [{"backendRefs": [ref("web", 100), ref("web-canary", 0)]}]
     assert kube.get(CANARY_SVC) is not None
     kube.requests.clear()
-    router.prepare()
+    router.prepare(STABLE_HASH)
     router.set_weight(0)
     assert writes(kube) == []
     router.set_weight(50, HDR)
@@ -721,7 +724,7 @@ def test_modes_without_a_canary_service_read_no_endpoints(routing: Obj) -> None:
 def test_gateway_write_on_a_route_edited_since_it_was_read_is_a_conflict() -> None:
     kube = gateway_world()
     router = make_router(kube, GATEWAY)
-    router.prepare()
+    router.prepare(STABLE_HASH)
     stale = kube.get(ROUTE) or {}
     kube.patch(ROUTE, {"spec": {"hostnames": ["edited.example"]}})  # the user, in between
     with pytest.raises(Conflict):
@@ -742,20 +745,20 @@ def test_gateway_abort_before_prepare_writes_nothing() -> None:
 
 class RoutedWorld(World):
     """The planner's world, with its routing actions also applied to a router on the store (a router
-    is built for each action from the status of the plan being applied, as the reconciler does)."""
+    is built for each action, as the reconciler builds one for each pass; what it acts on comes with the
+    action)."""
 
     kube: MemoryKube
     routing_log: list[Any]
 
     def apply(self, action: object) -> None:
         super().apply(action)
-        status = self.acting or self.status  # as the reconciler does: the status of the plan being applied
-        router = router_for(self.kube, namespace=NS, release=RELEASE, spec=self.spec, status=status)  # type: ignore[arg-type]
+        router = router_for(self.kube, namespace=NS, release=RELEASE, spec=self.spec, canary="web-canary")
         match action:
-            case PrepareRouting():
-                router.prepare()
-            case SetWeight(weight=w, header_match=h):
-                router.set_weight(w, h)
+            case PrepareRouting(stable_hash=stable_hash):
+                router.prepare(stable_hash)
+            case SetWeight(weight=w, header_match=h, stable_hash=stable_hash):
+                router.set_weight(w, h, stable_hash=stable_hash)
             case RestoreStableSelector():
                 router.restore_stable_selector()
             case ResetRouting():
@@ -864,7 +867,7 @@ def test_spec_model_accepts_both_modes() -> None:
 
 
 STEPS: list[Callable[[Router], None]] = [
-    lambda r: r.prepare(),
+    lambda r: r.prepare(STABLE_HASH),
     lambda r: r.set_weight(20, {"x-canary": "yes"}),
     lambda r: r.set_weight(60),
     lambda r: r.set_weight(0),
@@ -919,7 +922,7 @@ def defaulting(*objects: Obj) -> MemoryKube:
 def test_gateway_router_does_not_rewrite_a_route_the_api_server_defaulted() -> None:
     kube = defaulting(route({"backendRefs": [ref("web")]}), service(), *STABLE)
     router = make_router(kube, GATEWAY)
-    router.prepare()
+    router.prepare(STABLE_HASH)
     router.set_weight(30, HDR)
     kube.requests.clear()
     router.set_weight(30, HDR)

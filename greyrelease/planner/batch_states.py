@@ -279,9 +279,13 @@ def canary_lost(p: Pass, b: Batch) -> Then:
     Traffic goes back to what it was before this batch, and the batch is grown again at once (the stable
     keeps the previous batch's size meanwhile, see :func:`upscale`) rather than at the next batch, so
     the app never runs short of pods while a pause runs. Once the new canary is ready the batch goes live
-    again with a full pause and a fresh gate; its history record is the same one.
+    again with a full pause and a fresh gate; its history record is the same one. A batch that had passed
+    and waited for the next one's release window (Waiting, Done) is Progressing again while it grows: the
+    table has no Waiting state for a batch under way but the one between batches.
     """
     k = b.step.number
+    if p.status.phase == Phase.WAITING:
+        p.phase(Phase.PROGRESSING, f"{b.label}: the canary Deployment was deleted; recreating it")
     before = b.steps[k - 2] if k > 1 else None
     p.set_weight(before.weight if before else 0, before.header_match if before else None)
     p.begin_batch(k)

@@ -327,3 +327,29 @@ def test_a_release_waiting_for_its_window_writes_nothing_until_it_opens() -> Non
     Reconciler(kube).reconcile(NS, "web", now=MONDAY_OPENING)
     assert status_of(kube)["phase"] == "Progressing"
     assert kube.get(path("apps", "v1", "deployments", NS, "web-canary")) is not None
+
+
+def test_a_canary_deleted_while_the_next_batch_waits_for_its_window_is_grown_again() -> None:
+    # Batch 1 passed on Friday evening and batch 2 waits for Monday's window; someone deletes the canary.
+    # The batch is not live any more: it is grown again (Progressing, Upscaling), then waits again.
+    s = spec(
+        batchSize=None,
+        canaryWeight=None,
+        windows=[OFFICE_JSON],
+        batches=[{"replicas": 2, "pause": "manual"}, {"replicas": 10}],
+    )
+    w = GovWorld(s, now=at("2026-12-04T15:00:00Z"))  # Friday 16:00 Berlin
+    w.step()
+    assert w.step().status.batch_state == BatchState.WAITING_FOR_APPROVAL
+    w.now = at("2026-12-04T18:00:00Z")
+    w.annotations[PROMOTE_ANNOTATION] = "next"
+    assert w.step().status.batch_state == BatchState.DONE
+    w.canary = None
+    plan = w.step()
+    st = plan.status
+    assert (st.phase, st.batch_state, st.current_batch) == (Phase.PROGRESSING, BatchState.UPSCALING, 1)
+    assert "CanaryLost" in reasons(plan)
+    for _ in range(5):
+        st = w.step().status
+    assert (st.phase, st.current_batch) in {(Phase.WAITING, 1), (Phase.PROGRESSING, 1)}
+    assert st.batch_state in {BatchState.DONE, BatchState.WAITING_FOR_APPROVAL, BatchState.VERIFYING}

@@ -214,11 +214,9 @@ class Reflector:
     for the objects of a list).
 
     Why a reflector of our own and not kopf's watches (``kopf.on.event``), which feed the GreyReleases'
-    store: measured with the benchmark at N = 500 (``python -m bench.run --sizes 500``, the two runs back
-    to back on one machine), Deployments and Services fed through kopf instead of these reflectors cost
-    abort latency p50 / p99 0.40 / 1.33 s -> 0.69 / 1.89 s, controller CPU while the 200 aborts were cut
-    1.9 -> 3.1 s, transition lag p99 0.16 -> 0.95 s, controller CPU 75 -> 83 s, peak RSS 166 -> 183 MiB,
-    though the API server answered faster in the kopf run. kopf handles every event of every Deployment
+    store: measured with the benchmark, Deployments and Services fed through kopf instead of these
+    reflectors cost abort latency, transition lag, CPU and memory (bench/README.md, "Reflectors rather
+    than kopf's watches"). kopf handles every event of every Deployment
     on the event loop (a worker per object, its batching window, a Body and a logger per event): the
     loop that also takes the abort annotations in and runs the daemons. A reflector folds each event on
     its own thread and hands the loop only the wake-ups. A relist (after 410 Gone) also drops what was
@@ -286,8 +284,8 @@ class Reflector:
 
     def _list(self) -> str | None:
         """The collection listed into the Store; the list's resourceVersion. In a function of its own so
-        that the parsed list is freed before the watch: held by the frame for each watch (up to 290 s), the
-        lists of N = 1,000 apps' Deployments and Services were 18.5 MiB of the controller's memory."""
+        that the parsed list is freed before the watch, which may last 290 s (bench/README.md, "The lists freed
+        before the watch")."""
         try:
             listed = self.kube.request("GET", self.collection, query=self.query)
         except NotFound:
@@ -386,8 +384,8 @@ class CachedKube:
                     return obj
                 if store.absent(namespace, name):
                     # Deleted, or asked for before and not found: a release reads its canary Deployment on
-                    # every pass, also long after the promotion removed it (measured at N = 3,000, each
-                    # finished release's resync pass made it a GET: 550 a minute while idle).
+                    # every pass, also long after the promotion removed it (bench/README.md, "Absent
+                    # objects remembered").
                     self.hits += 1
                     return None
             self.misses += 1

@@ -12,9 +12,9 @@ Every request is retried as :mod:`greyrelease.kube.retry` says.
   webhook's Secret and configuration), ``greyrelease plan`` and ``kubectl gr``. From the ``kubernetes``
   package only its configuration loaders are used, not its ``ApiClient``, although that client sends
   through a urllib3 pool too: the calls here take and give the JSON as it is, and parse it with orjson
-  (2.5 times as fast as ``json.loads`` on a Deployment; with the stores holding JSON rather than dicts,
-  ``make bench`` at N = 1,000 went from 101.6 s to 74.6 s of controller CPU and 187.8 to 175.0 MiB of
-  peak RSS, commit 5b44995), where ``ApiClient`` parses with ``json.loads`` into its generated models or
+  (2.5 times as fast as ``json.loads`` on a Deployment; with the stores holding JSON rather than dicts it
+  cut the controller's CPU and peak memory in ``make bench``: bench/README.md, "Responses parsed with
+  orjson"), where ``ApiClient`` parses with ``json.loads`` into its generated models or
   hands the raw answer back. The pool keeps a connection per pass thread (a request beyond them would
   open, then drop, a TLS connection of its own). The calls are synchronous because a pass is: it runs on
   one of 128 threads (:mod:`greyrelease.runtime.pool`).
@@ -23,8 +23,8 @@ Every request is retried as :mod:`greyrelease.kube.retry` says.
   one replace; and, as it is there and runs on kopf's event loop, the two servers of the process,
   ``/healthz`` and ``/readyz`` (:mod:`greyrelease.runtime.health`) and the admission webhook
   (:mod:`greyrelease.runtime.webhook`). Why the Deployments and Services are not watched through kopf as
-  well: measured, see :class:`~greyrelease.kube.cache.Reflector` (at N = 500, abort latency p50 / p99
-  0.40 / 1.33 s with the reflectors against 0.69 / 1.89 s through kopf).
+  well: measured, see :class:`~greyrelease.kube.cache.Reflector` and bench/README.md, "Reflectors rather
+  than kopf's watches".
 - *requests*: prometheus-api-client's, for the metric gates' Prometheus queries
   (:mod:`greyrelease.reconcile.prometheus`), another server than the API server, with its retries off and
   a short tenacity retry of its own. The code records no measurement for this choice; it is the client

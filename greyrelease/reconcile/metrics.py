@@ -65,7 +65,7 @@ class Phases:
     """The phase of each release as last reconciled by this process, behind ``greyrelease_releases``.
 
     Counted as phases change rather than recounted on each pass: a recount was O(releases) on the event
-    loop for every pass (36 of 2,462 samples at N = 500, growing with N)."""
+    loop for every pass, growing with N (bench/README.md, "Phase counts kept as phases change")."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -134,8 +134,8 @@ def status_patch(release: Obj, status: GreyReleaseStatus) -> Obj | None:
     old = release.get("status") or {}
     new = status.model_dump(by_alias=True, mode="json")
     # Most passes write nothing, so this comparison runs on every pass: pydantic drops the nulls while
-    # serialising (exclude_none) rather than stored() walking both sides, which was 8 % of the
-    # controller's CPU at N = 500 (py-spy, bench/README.md "The lag regression found"). exclude_none
+    # serialising (exclude_none) rather than stored() walking both sides (bench/README.md, "The status
+    # compared as pydantic serialises it"). exclude_none
     # also drops a field whose None is written as something else (endPhase, ""): such a field is taken
     # from ``new``. Equal here is equal as stored; stored() decides only the keys that differ.
     kept = status.model_dump(by_alias=True, mode="json", exclude_none=True)

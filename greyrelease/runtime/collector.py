@@ -2,12 +2,9 @@
 
 A collection stops every thread of the process while it walks the objects of its generations; a full
 one walks all of them, and they grow with the releases held in memory. With CPython's defaults
-(``700, 10, 10``) a controller driving 500 releases on the local cluster was inside collections for
-10.5 s of a 131 s run (34.4 s of CPU), 4.6 s of it in 11 full ones of 0.42 s on average, each stalling
-every pass and abort under way: the transition lag p99 was 0.37 s. Freezing what the process holds once
-started, with the default thresholds, still left 12 full collections of 0.30 s (lag p99 0.26 s). With
-the settings below: one full collection (the one at start), 4.2 s in all, lag p99 0.08 s
-(bench/README.md, "The lag regression found"). Almost nothing the controller allocates is in a
+(``700, 10, 10``) a controller driving 500 releases spent seconds in full collections, each stalling every
+pass and abort under way; freezing alone left most of them; the settings below leave one (the figures:
+bench/README.md, "Garbage collection settings"). Almost nothing the controller allocates is in a
 reference cycle: the watched objects are trees of dicts and lists, freed by reference counting when
 replaced. So:
 
@@ -19,7 +16,7 @@ replaced. So:
   no collection walks it again;
 - glibc's allocator keeps at most two arenas (as ``MALLOC_ARENA_MAX=2`` would, unless that is set): with
   one arena per busy thread (up to 8 per core), memory freed by one pass thread was not reused by the
-  others. Peak RSS at N = 500: 173.6 MiB with the thresholds above, 164.5 MiB with two arenas too.
+  others (bench/README.md, "Garbage collection settings").
 
 ``GREYRELEASE_GC_THRESHOLDS`` (three integers, as ``gc.set_threshold``) overrides the thresholds.
 """

@@ -259,8 +259,8 @@ class Runtime:
 
         # One retrying object for the daemon's life, not one per pass: tenacity keeps its per-thread state
         # (bound methods of the object itself) on the object, a reference cycle that only a full garbage
-        # collection frees. Made per pass, 1,985 of them were held by 300 releases at rest (3.6 MiB, and
-        # 1.0 MiB more in the closures around them; bench/README, "Memory at rest").
+        # collection frees, so objects made per pass piled up at rest (bench/README.md, "One retrying object
+        # per daemon").
         retrying = AsyncRetrying(
             wait=RETRY_WAIT,
             retry=retry_if_exception_type(Exception),

@@ -24,7 +24,7 @@ have() {
 
 have_crds() { [ -s "$CRDS/gateway.networking.k8s.io_httproutes.yaml" ]; }
 
-# --- Argo Rollouts' controller, for bench/compare.py only: `build.sh argo` (or GREYRELEASE_BUILD_ARGO=1) ----
+# --- Argo Rollouts' controller, for bench/compare/ only: `build.sh argo` (or GREYRELEASE_BUILD_ARGO=1) ----
 # Not part of the cluster: built only on request, after the cluster binaries. Its go.mod asks for a newer
 # Go than Kubernetes does (GOTOOLCHAIN is set for this build only), and like Traefik its dependencies
 # resolve only with its own replace directives (k8s.io/* pinned, two forks), which `go install` would

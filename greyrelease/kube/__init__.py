@@ -5,6 +5,6 @@ and the one retry policy of its calls (:mod:`.retry`), an in-memory API server f
 the controller knows of Deployments' shapes (:mod:`.workload`)."""
 
 from greyrelease.kube.memory import MemoryKube
-from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, NotFound, Ref, path
+from greyrelease.kube.protocol import JSON_PATCH, MERGE, ApiError, Conflict, Kube, NotFound, Ref, path
 
-__all__ = ["MERGE", "ApiError", "Conflict", "Kube", "MemoryKube", "NotFound", "Ref", "path"]
+__all__ = ["JSON_PATCH", "MERGE", "ApiError", "Conflict", "Kube", "MemoryKube", "NotFound", "Ref", "path"]

@@ -36,7 +36,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 from tenacity.wait import wait_base
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MERGE, ApiError, Kube, NotFound, Ref, selects
+from greyrelease.kube.protocol import MERGE, ApiError, Kube, NotFound, PatchBody, Ref, selects
 from greyrelease.kube.retry import Backoff, checked
 
 Key = tuple[str, str]
@@ -429,10 +429,10 @@ class CachedKube:
         self._fold(ref.named(str((out.get("metadata") or {}).get("name", ""))), out)
         return out
 
-    def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
+    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
         try:
             with self._writing("PATCH", ref):
-                out = self.inner.patch(ref, body, patch_type=patch_type)
+                out = self.inner.patch(ref, body, patch_type=patch_type, field_manager=field_manager)
         except NotFound:
             self._gone(ref)
             raise

@@ -56,10 +56,21 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MERGE, STRATEGIC, ApiError, Conflict, NotFound, Ref, path
+from greyrelease.kube.protocol import JSON_PATCH, MERGE, STRATEGIC, ApiError, Conflict, NotFound, PatchBody, Ref, path
 from greyrelease.kube.retry import API, RetryPolicy
 
-__all__ = ["MERGE", "STRATEGIC", "ApiError", "Conflict", "KubeClient", "NotFound", "Ref", "load_configuration", "path"]
+__all__ = [
+    "JSON_PATCH",
+    "MERGE",
+    "STRATEGIC",
+    "ApiError",
+    "Conflict",
+    "KubeClient",
+    "NotFound",
+    "Ref",
+    "load_configuration",
+    "path",
+]
 
 
 def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
@@ -207,8 +218,11 @@ class KubeClient:
     def create(self, ref: Ref | str, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", ref, body=body)
 
-    def patch(self, ref: Ref | str, body: Obj, *, patch_type: str = MERGE) -> dict[str, Any]:
-        return self.request("PATCH", ref, body=body, content_type=patch_type)
+    def patch(
+        self, ref: Ref | str, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None
+    ) -> dict[str, Any]:
+        query = {"fieldManager": field_manager} if field_manager else None
+        return self.request("PATCH", ref, body=body, query=query, content_type=patch_type)
 
     def replace(self, ref: Ref | str, body: Obj) -> dict[str, Any]:
         return self.request("PUT", ref, body=body)

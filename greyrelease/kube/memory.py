@@ -2,7 +2,8 @@
 runs the reconciler, the routers and the cache on.
 
 In the spirit of httpx's MockTransport: resourceVersions, 404 and 409, generations, the status subresource,
-finalizers and deletion marks, JSON merge patches and the strategic merge patches the controller sends. It
+finalizers and deletion marks, JSON merge patches, the strategic merge patches and JSON patches (RFC 6902)
+the controller sends, and the field manager each patch was sent with. It
 is a real implementation of the semantics the controller relies on, not a recording stub, so a test that
 passes on it exercises the same code paths as the controller does against a cluster.
 """
@@ -18,7 +19,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from greyrelease.api.release import Obj
-from greyrelease.kube.protocol import MERGE, STRATEGIC, ApiError, Conflict, NotFound, Ref, path, selects
+from greyrelease.kube.protocol import (
+    JSON_PATCH,
+    MERGE,
+    STRATEGIC,
+    ApiError,
+    Conflict,
+    NotFound,
+    PatchBody,
+    Ref,
+    path,
+    selects,
+)
 
 # --- patches -----------------------------------------------------------------------------------------
 
@@ -74,6 +86,90 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+class PatchError(ValueError):
+    """A JSON patch that cannot be applied (a path that is not there, a ``test`` that does not hold)."""
+
+
+def _pointer(text: str) -> list[str]:
+    """A JSON Pointer (RFC 6901) as its segments: ``/metadata/annotations/a~1b`` -> metadata, annotations, a/b."""
+    if text == "":
+        return []
+    if not text.startswith("/"):
+        raise PatchError(f"{text!r} is not a JSON pointer")
+    return [part.replace("~1", "/").replace("~0", "~") for part in text[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str], op: str) -> tuple[Any, str]:
+    """The container of the pointer's last segment, and that segment."""
+    if not parts:
+        raise PatchError(f"{op}: the whole document is not a target here")
+    node = doc
+    for part in parts[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise PatchError(f"{op}: /{'/'.join(parts)}: no such path")
+    return node, parts[-1]
+
+
+def _get(doc: Any, parts: list[str], op: str) -> Any:
+    node, last = _parent(doc, parts, op) if parts else (None, "")
+    if not parts:
+        return doc
+    if isinstance(node, dict) and last in node:
+        return node[last]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        return node[int(last)]
+    raise PatchError(f"{op}: /{'/'.join(parts)}: no such path")
+
+
+def _add(doc: Any, parts: list[str], value: Any, op: str) -> None:
+    node, last = _parent(doc, parts, op)
+    if isinstance(node, dict):
+        node[last] = copy.deepcopy(value)
+    elif isinstance(node, list) and (last == "-" or (last.isdigit() and int(last) <= len(node))):
+        node.insert(len(node) if last == "-" else int(last), copy.deepcopy(value))
+    else:
+        raise PatchError(f"{op}: /{'/'.join(parts)}: no such path")
+
+
+def _remove(doc: Any, parts: list[str], op: str) -> Any:
+    node, last = _parent(doc, parts, op)
+    if isinstance(node, dict) and last in node:
+        return node.pop(last)
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        return node.pop(int(last))
+    raise PatchError(f"{op}: /{'/'.join(parts)}: no such path")
+
+
+def json_patch(target: Any, operations: list[Obj]) -> Any:
+    """RFC 6902: ``operations`` applied in order to a copy of ``target``, all or none. Raises
+    :class:`PatchError` for a path that is not there or a ``test`` that does not hold."""
+    doc = copy.deepcopy(target)
+    for operation in operations:
+        op = str(operation.get("op", ""))
+        parts = _pointer(str(operation.get("path", "")))
+        if op == "add":
+            _add(doc, parts, operation.get("value"), op)
+        elif op == "remove":
+            _remove(doc, parts, op)
+        elif op == "replace":
+            _remove(doc, parts, op)
+            _add(doc, parts, operation.get("value"), op)
+        elif op in ("move", "copy"):
+            source = _pointer(str(operation.get("from", "")))
+            value = _remove(doc, source, op) if op == "move" else copy.deepcopy(_get(doc, source, op))
+            _add(doc, parts, value, op)
+        elif op == "test":
+            if _get(doc, parts, op) != operation.get("value"):
+                raise PatchError(f"test: /{'/'.join(parts)}: the value is not {operation.get('value')!r}")
+        else:
+            raise PatchError(f"unknown operation {op!r}")
+    return doc
+
+
 # --- the in-memory API server ------------------------------------------------------------------------
 
 
@@ -112,8 +208,8 @@ class MemoryKube:
 
     ``requests`` logs every call as ``(verb, ref)``, the :class:`~greyrelease.kube.protocol.Ref` it was
     given (a test compares them with the references it builds with ``path()``); :attr:`writes` are those
-    that write. ``before``, when set, is called with the verb and reference before each call is served and
-    may raise (an error from the
+    that write; ``managers`` logs every PATCH as ``(ref, patch type, field manager)``. ``before``, when set,
+    is called with the verb and reference before each call is served and may raise (an error from the
     API server, or a crash of the controller at that point). ``admit``, when set, is given every object
     about to be stored and returns what to store (the defaults a real API server or a CRD fills in).
     :meth:`put` stores an object as another client would (status included).
@@ -126,6 +222,7 @@ class MemoryKube:
         self._objects: dict[Key, Obj] = {}
         self._versions = itertools.count(1)
         self.requests: list[tuple[str, Ref]] = []
+        self.managers: list[tuple[Ref, str, str | None]] = []
         self.before: Callable[[str, Ref], None] | None = None
         self.admit: Callable[[Obj], Obj] | None = None
         for obj in objects:
@@ -223,11 +320,14 @@ class MemoryKube:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
             return self._store(target, new)
 
-    def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
+    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
         self._serve("PATCH", ref)
-        apply = strategic_merge_patch if patch_type == STRATEGIC else merge_patch
         with self._lock:
+            self.managers.append((ref, patch_type, field_manager))
             held = self._held(ref)
+            if isinstance(body, list) or patch_type == JSON_PATCH:
+                return self._json_patch(ref, held, body)
+            apply = strategic_merge_patch if patch_type == STRATEGIC else merge_patch
             self._precondition(held, body)
             if ref.subresource == "status":
                 new = copy.deepcopy(held)
@@ -238,6 +338,26 @@ class MemoryKube:
             else:
                 new = apply(held, {k: v for k, v in body.items() if k != "status"})
             return self._write(ref, held, new)
+
+    def _json_patch(self, ref: Ref, held: Obj, body: PatchBody) -> Obj:
+        """A JSON patch: applied to the object as stored (its status only, for the status subresource)."""
+        if not isinstance(body, list):
+            raise ApiError(400, "BadRequest", "a JSON patch is a list of operations")
+        try:
+            patched = json_patch(held, body)
+        except PatchError as err:
+            raise ApiError(422, "Invalid", str(err)) from None
+        new = copy.deepcopy(held)
+        if ref.subresource == "status":
+            if patched.get("status") is None:
+                new.pop("status", None)
+            else:
+                new["status"] = patched["status"]
+        else:
+            new = {k: v for k, v in patched.items() if k != "status"}
+            if "status" in held:
+                new["status"] = copy.deepcopy(held["status"])
+        return self._write(ref, held, new)
 
     def replace(self, ref: Ref, body: Obj) -> Obj:
         self._serve("PUT", ref)

@@ -21,6 +21,12 @@ from greyrelease.api.release import Obj
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+#: RFC 6902: a list of operations (``add``, ``remove``, ``replace``, ``move``, ``copy``, ``test``), applied in
+#: order, all or none; a ``test`` that does not hold refuses the whole patch (422).
+JSON_PATCH = "application/json-patch+json"
+
+#: A patch body: an object for a merge or strategic merge patch, a list of operations for a JSON patch.
+PatchBody = Obj | list[Obj]
 
 
 class ApiError(Exception):
@@ -120,8 +126,11 @@ class Kube(Protocol):
         """POST ``body`` to the collection ``ref``; :class:`Conflict` when the name is taken."""
         ...
 
-    def patch(self, ref: Ref, body: Obj, *, patch_type: str = MERGE) -> Obj:
-        """A merge (or strategic merge) patch; a ``metadata.resourceVersion`` in it is a precondition."""
+    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
+        """A merge, strategic merge or JSON patch (``patch_type``); in the first two a
+        ``metadata.resourceVersion`` is a precondition, in a JSON patch a ``test`` operation is. With
+        ``field_manager``, sent as the ``fieldManager`` query parameter: the API server records the fields
+        under that manager, and admission webhooks see it in the request's options."""
         ...
 
     def replace(self, ref: Ref, body: Obj) -> Obj:

@@ -161,6 +161,7 @@ def crd() -> dict[str, Any]:
             {"name": "Target", "type": "string", "jsonPath": ".spec.targetVersion"},
             {"name": "Stable", "type": "string", "jsonPath": ".status.stableVersion"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {"name": "Held", "type": "string", "jsonPath": ".status.held.digest", "priority": 1},
             {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         ],
     )

@@ -470,13 +470,16 @@ class GreyReleaseSpec(_Camel):
         None,
         max_length=63,
         pattern=NAME_PATTERN,
-        description="The container whose image is released (default: the first).",
+        description="The container whose image is released (default: the first). Ignored in follow mode (no "
+        "targetVersion): there the whole pod template is released as written.",
     )
-    target_version: str = Field(
+    target_version: str | None = Field(
+        None,
         min_length=1,
         max_length=255,
         pattern=VERSION_PATTERN,
-        description="An image tag, or a full image reference when it contains ':' or '/'.",
+        description="Pinned mode: an image tag, or a full image reference when it contains ':' or '/'. Absent: "
+        "follow mode, every new pod template of the Deployment (held at admission) is released.",
     )
     batches: list[Batch] | None = Field(
         None,
@@ -525,6 +528,11 @@ class GreyReleaseSpec(_Camel):
         description="Start only once these GreyReleases (same namespace) have Succeeded for their current spec.",
     )
 
+    @property
+    def follows(self) -> bool:
+        """Follow mode: no targetVersion, so every new pod template of the Deployment is a release of it."""
+        return self.target_version is None
+
     @model_validator(mode="after")
     def _forms(self) -> GreyReleaseSpec:
         if (self.target_ref is None) == (self.app_name is None):
@@ -556,9 +564,16 @@ class Phase(StrEnum):
     ABORTED = "Aborted"
     FAILED = "Failed"
     INVALID_SPEC = "InvalidSpec"
+    #: Follow mode at rest: enrolled, nothing held that differs from what runs, nothing released yet (or the
+    #: last release reverted): the Deployment runs the template it has.
+    IDLE = "Idle"
 
 
-TERMINAL_PHASES: frozenset[str] = frozenset({Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC})
+#: The phases a release rests in: none under way, nothing to do until the spec, an annotation or (in follow
+#: mode) the Deployment's template changes.
+TERMINAL_PHASES: frozenset[str] = frozenset(
+    {Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC, Phase.IDLE}
+)
 #: What the message of a batch waiting for ``greyrelease.io/promote`` says.
 WAITING_TEXT = "waiting for approval"
 #: The phases in which a batch is under way, and so has a :class:`BatchState` (Waiting has one only
@@ -587,6 +602,20 @@ STATES_OF: dict[Phase | None, tuple[BatchState | None, ...]] = {
     Phase.PAUSED: tuple(BatchState),
     Phase.WAITING: (None, BatchState.DONE),
 }
+
+
+class Outcome(StrEnum):
+    """How a release ended (``status.lastRelease.outcome``)."""
+
+    SUCCEEDED = "Succeeded"
+    #: Rolled back by the abort annotation, or by an approval that expired with onTimeout: abort.
+    ABORTED = "Aborted"
+    #: Rolled back by a failed gate, a missed deadline, the target or canary lost.
+    FAILED = "Failed"
+    #: Follow mode: the Deployment's template was put back to the one its pods run (a revert in Git).
+    REVERTED = "Reverted"
+    #: A newer version (pinned) or template (follow) replaced it before it ended.
+    SUPERSEDED = "Superseded"
 
 
 class CheckVerdict(StrEnum):
@@ -651,7 +680,11 @@ OptionalPhase = Annotated[
 
 
 class Condition(_Camel):
-    type: str = Field(description="Progressing, Paused, Completed, Healthy or InvalidSpec.")
+    type: str = Field(
+        description="Ready (at rest, healthy), Reconciling (a release under way) and Stalled (stopped until "
+        "someone acts: Aborted, Failed, InvalidSpec), as kstatus reads them; Progressing, Paused, Completed, "
+        "Healthy and InvalidSpec."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: str = Field("", description="The phase that set it.")
     message: str = Field("", description="The release's message while the condition holds.")
@@ -685,6 +718,44 @@ class Restore(_Camel):
 
     replicas: int | None = Field(None, description="The stable's spec.replicas before the release.")
     image: str | None = Field(None, description="The stable container's image before the release.")
+    template: str | None = Field(
+        None,
+        description="Follow mode: the digest of the template being released. Its canary and routing are "
+        "removed at the end; nothing of the Deployment is put back (it is never written but spec.paused).",
+    )
+
+
+class ContainerImage(_Camel):
+    name: str = Field(description="The container.")
+    image: str = Field(description="Its image.")
+
+
+class HeldTemplate(_Camel):
+    """Follow mode: the pod template the Deployment holds (spec.paused and greyrelease.io/held)."""
+
+    digest: str = Field(description="The template's digest (the value of greyrelease.io/held).")
+    images: list[ContainerImage] = Field(default_factory=list, description="Its containers' images.")
+    held_since: Timestamp | None = Field(None, description="When the controller first saw it held.")
+
+
+class StableReplicaSet(_Camel):
+    """Follow mode: the ReplicaSet of the Deployment's current revision, whose pods serve as the stable."""
+
+    name: str = Field(description="The ReplicaSet.")
+    revision: str = Field("", description="Its deployment.kubernetes.io/revision.")
+    digest: str = Field("", description="Its pod template's digest (as greyrelease.io/held counts it).")
+    images: list[ContainerImage] = Field(default_factory=list, description="Its containers' images.")
+
+
+class LastRelease(_Camel):
+    """The last release that ended, and how."""
+
+    outcome: Outcome = Field(description="Succeeded, Aborted, Failed, Reverted or Superseded.")
+    digest: str | None = Field(None, description="Follow mode: the digest of the template it released.")
+    version: str | None = Field(None, description="Pinned mode: the targetVersion it released.")
+    images: list[ContainerImage] = Field(default_factory=list, description="The images it released.")
+    ended_at: Timestamp | None = Field(None, description="When it ended.")
+    message: str = Field("", description="Why it ended so.")
 
 
 class BatchTimes(_Camel):
@@ -752,6 +823,15 @@ class GreyReleaseStatus(_Camel):
     history: list[BatchRecord] = Field(
         default_factory=list, description="The last batches: when, how big, how they ended."
     )
+    held: HeldTemplate | None = Field(
+        None,
+        description="Follow mode: the pod template the Deployment holds (paused) and that is released or waits "
+        "to be; absent when nothing is held.",
+    )
+    stable: StableReplicaSet | None = Field(
+        None, description="Follow mode: the ReplicaSet the Deployment's pods run, the stable of a release."
+    )
+    last_release: LastRelease | None = Field(None, description="The last release that ended, and how.")
 
     @model_validator(mode="before")
     @classmethod

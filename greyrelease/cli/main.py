@@ -70,7 +70,11 @@ def print_plan(
             if v
         )
     )
-    print(f"GreyRelease {name}: {spec.target_version} over {replicas} replicas, traffic by {mode}", file=out)
+    what = "every new pod template of its Deployment (follow mode)" if spec.follows else spec.target_version
+    print(f"GreyRelease {name}: {what} over {replicas} replicas, traffic by {mode}", file=out)
+    if spec.follows:
+        share = "" if routing is not None and routing.service is None else ", its traffic canary / (stable + canary)"
+        print(f"the stable keeps its replicas; the canary is the share of them now{share}", file=out)
     gates = ", ".join(m.name for m in spec.analysis.metrics) if spec.analysis else "-"
     begin = start or datetime.now(UTC)
     all_rules = (rules or Rules()).plus(Source(SPEC, tuple(spec.windows or ()), tuple(spec.freezes or ())))

@@ -40,7 +40,7 @@ def upscale(p: Pass, b: Batch) -> Then:
         # Until the new canary pods are ready the stable keeps the size of the batch before, so ready
         # pods never fall below what the user asked for.
         stable_before = b.steps[k - 2].stable_replicas if k > 1 else st.restore.replicas or step.stable_replicas
-        p.act(EnsureCanary(replicas=step.canary_replicas, image=b.image, version=p.spec.target_version))
+        p.act(EnsureCanary(replicas=step.canary_replicas, image=b.image, version=p.version))
         if target.replicas != stable_before:
             p.act(ScaleStable(stable_before))
         # The message does not count ready pods: it would cost a status write per pod.

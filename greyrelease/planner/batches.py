@@ -12,6 +12,11 @@ In Service mode (and with no traffic routing) traffic follows the replica ratio,
 shrinks as the canary grows (stable = replicas - canary) and the weight is the canary's share of the pods.
 With an nginx Ingress or a Gateway API route the weight is set explicitly and the stable Deployment keeps
 all its replicas, so an abort can send everything back to it at once.
+
+In follow mode (no ``targetVersion``) the stable is never scaled: it keeps all its replicas in every mode,
+``total`` is its size now (the HPA's or Git's, read every pass), and where traffic follows the replica
+ratio the canary's share is canary / (stable + canary): a batch of 100% of the replicas gets 50%. The
+promotion (the Deployment rolling the held template itself) does the rest.
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
     if total < 1:
         raise PlanError("spec.targetRef", "the Deployment has 0 replicas; scale it up to release it")
     weighted = spec.traffic_routing is not None and spec.traffic_routing.service is None
+    follows = spec.follows
     Row = tuple[int, int | None, str | None, dict[str, str] | None, ApprovalSpec | None]
     rows: list[Row] = []
     if spec.batches is not None:
@@ -131,10 +137,10 @@ def expand(spec: GreyReleaseSpec, total: int) -> list[Step]:
                 f"{canary} canary replicas is fewer than the {steps[-1].canary_replicas} of the batch before",
             )
         if not weighted or weight is None:
-            weight = share(canary, total)
+            weight = share(canary, total + canary if follows else total)
         if steps and weight < steps[-1].weight:
             raise PlanError(f"spec.batches[{i - 1}].weight", "weights must never decrease")
-        stable = total if weighted else total - canary
+        stable = total if weighted or follows else total - canary
         steps.append(Step(i, canary, stable, weight, _pause(pause), headers, _approval(pause, approval)))
     return steps
 

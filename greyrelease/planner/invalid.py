@@ -34,7 +34,7 @@ def invalid(p: Pass, message: str, *, reason: str = R.INVALID_SPEC) -> Then:
     new), looked at again in a while."""
     if p.status.phase != Phase.INVALID_SPEC or p.status.message != message:
         p.event(reason, message, warning=True)
-    p.set(target_version=p.spec.target_version)
+    p.set(target_version=p.version)
     p.phase(Phase.INVALID_SPEC, message)
     p.again(INVALID_POLL)
     return WAIT

@@ -46,6 +46,7 @@ Each (phase, batchState) has one handler in :data:`HANDLERS` (a unit test checks
     Succeeded      -                    finished      nothing (a retry or a new version is a request, below)
     Aborted        -                    finished      (the same)
     Failed         -                    finished      (the same)
+    Idle           -                    finished      (follow mode) a held template that differs from the stable's
 
 A handler plans what its state needs and either waits (for pods, a timer, an annotation: the pass ends)
 or moves to another state and lets that state's handler go on in the same pass, against the world as the
@@ -255,7 +256,7 @@ def _batch(p: Pass) -> Batch | Then:
     except PlanError as err:
         return invalid(p, str(err))
     k = min(max(st.current_batch, 1), len(steps))
-    return Batch(target, steps, steps[k - 1], target_image(st.restore.image, p.spec.target_version))
+    return Batch(target, steps, steps[k - 1], target_image(st.restore.image, p.version))
 
 
 def _count(p: Pass, b: Batch) -> None:
@@ -287,4 +288,5 @@ HANDLERS: dict[tuple[Phase | None, BatchState | None], State] = {
     (Phase.SUCCEEDED, None): Plain(finished),
     (Phase.ABORTED, None): Plain(finished),
     (Phase.FAILED, None): Plain(finished),
+    (Phase.IDLE, None): Plain(finished),
 }

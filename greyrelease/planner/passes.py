@@ -81,6 +81,11 @@ class Pass:
         self.done = False
         self._steps: tuple[int, list[Step]] | None = None
 
+    @property
+    def version(self) -> str:
+        """Pinned mode: ``spec.targetVersion``; "" in follow mode, which releases templates, not versions."""
+        return self.spec.target_version or ""
+
     def set(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
 

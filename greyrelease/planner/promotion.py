@@ -32,7 +32,7 @@ def promote(p: Pass, target: Workload) -> Then:
     st, spec = p.status, p.spec
     assert st.restore.replicas is not None and st.restore.image is not None
     replicas = st.restore.replicas
-    image = target_image(st.restore.image, spec.target_version)
+    image = target_image(st.restore.image, p.version)
     waiting = f"promoting: waiting for {replicas} stable pods ready on {version_of(image)}"
     if not target.rolled_out(replicas, image):
         if target.image != image and target.settling():

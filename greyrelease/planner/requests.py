@@ -37,7 +37,7 @@ def request(p: Pass) -> Callable[[Pass], Then] | None:
     when there is none and the state's own handler runs."""
     st, ann = p.status, p.world.annotations
     phase = st.phase
-    new_version = phase is not None and st.target_version not in ("", p.spec.target_version)
+    new_version = phase is not None and st.target_version not in ("", p.version)
     if phase in (Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED) and (
         new_version or (phase != Phase.SUCCEEDED and RETRY_ANNOTATION in ann)
     ):
@@ -54,10 +54,10 @@ def request(p: Pass) -> Callable[[Pass], Then] | None:
 
 def _start_over(p: Pass) -> Then:
     """A new version, or a retry, starts a fresh release; the sticky abort is consumed with it."""
-    retry = p.status.target_version in ("", p.spec.target_version)
+    retry = p.status.target_version in ("", p.version)
     p.act(RemoveAnnotations((ABORT_ANNOTATION, RETRY_ANNOTATION)))
     if retry:
-        p.event(R.RETRIED, f"retrying the release of {p.spec.target_version}")
+        p.event(R.RETRIED, f"retrying the release of {p.version}")
     p.set(
         restore=Restore(),
         stable_pod_template_hash="",
@@ -79,16 +79,16 @@ def _restart(p: Pass) -> Then:
     p.set_weight(0)
     if target is not None and restore.image and restore.replicas is not None and target.image != restore.image:
         p.act(RestoreStableSelector(), SetStableImage(restore.image, restore.replicas))
-    p.event(R.RESTARTED, f"targetVersion changed from {old} to {p.spec.target_version}: restarting at batch 1")
+    p.event(R.RESTARTED, f"targetVersion changed from {old} to {p.version}: restarting at batch 1")
     p.set(history=[], metrics=[])
-    p.phase(Phase.INITIALIZING, f"restarting for {p.spec.target_version}")
-    p.set(target_version=p.spec.target_version)
+    p.phase(Phase.INITIALIZING, f"restarting for {p.version}")
+    p.set(target_version=p.version)
     p.again(0)
     return WAIT
 
 
 def _abort_before_start(p: Pass) -> Then:
-    p.set(target_version=p.spec.target_version)
+    p.set(target_version=p.version)
     p.phase(Phase.ABORTED, "aborted before it started; nothing was changed")
     p.event(R.ABORTED, "aborted before the release started", warning=True)
     return WAIT

@@ -36,6 +36,8 @@ def _resolve_target(p: Pass) -> Workload | str:
 def start(p: Pass) -> Then:
     """No release under way (or one that could not start): check everything, then start batch 1."""
     spec, world = p.spec, p.world
+    if spec.follows:
+        return invalid(p, "spec.targetVersion: required (follow mode is not planned yet)")
     target = _resolve_target(p)
     if isinstance(target, str):
         return invalid(p, target)
@@ -54,10 +56,10 @@ def start(p: Pass) -> Then:
     except PlanError as err:
         return invalid(p, str(err))
     original_image = restore.image or target.image
-    image = target_image(original_image, spec.target_version)
+    image = target_image(original_image, p.version)
     if image == original_image and world.canary is None:
         p.set(
-            target_version=spec.target_version,
+            target_version=p.version,
             stable_version=version_of(original_image),
             target_name=target.name,
             current_batch=0,
@@ -73,13 +75,13 @@ def start(p: Pass) -> Then:
         return WAIT
     if not target.template_hash:
         # The Deployment controller has not labelled a ReplicaSet yet; look again shortly.
-        p.set(target_version=spec.target_version, target_name=target.name)
+        p.set(target_version=p.version, target_name=target.name)
         p.phase(Phase.INITIALIZING, f"waiting for the ReplicaSet of {target.name}")
         p.again(1.0)
         return WAIT
     p.begin_batch(1)
     p.set(
-        target_version=spec.target_version,
+        target_version=p.version,
         stable_version=version_of(original_image),
         target_name=target.name,
         stable_pod_template_hash=p.status.stable_pod_template_hash or target.template_hash,

@@ -50,7 +50,7 @@ def wait_to_start(p: Pass) -> Then:
     message = f"position {position} in the queue of {queue.scope} (at most {queue.limit} progressing)"
     if p.status.phase != Phase.QUEUED:
         p.event(R.QUEUED, message)
-    p.set(target_version=p.spec.target_version, queue_position=position, batch_state=None)
+    p.set(target_version=p.version, queue_position=position, batch_state=None)
     p.phase(Phase.QUEUED, message)
     # Woken when a slot frees; the poll is only the safety net.
     p.again(INVALID_POLL)
@@ -59,7 +59,7 @@ def wait_to_start(p: Pass) -> Then:
 
 def _waiting(p: Pass, message: str, until: datetime | None) -> Then:
     """Waiting before batch 1 (or before a new version's batch 1)."""
-    p.set(target_version=p.spec.target_version)
+    p.set(target_version=p.version)
     return _wait(p, message, until, state=None)
 
 

@@ -73,7 +73,7 @@ class Gates:
         checks = []
         for metric in spec.analysis.metrics:
             query = metric.query
-            canary = prom.sample(render_query(query, track="canary", version=spec.target_version, **values))
+            canary = prom.sample(render_query(query, track="canary", version=spec.target_version or "", **values))
             stable = None
             if metric.compare is not None:
                 stable = prom.sample(render_query(query, track="stable", version=status.stable_version, **values))

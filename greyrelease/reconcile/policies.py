@@ -163,7 +163,7 @@ def may_start(status: GreyReleaseStatus, spec: GreyReleaseSpec, annotations: dic
     if phase in (None, Phase.INVALID_SPEC, Phase.INITIALIZING, Phase.WAITING, Phase.QUEUED):
         return True
     if phase in TERMINAL_PHASES:
-        new_version = status.target_version not in ("", spec.target_version)
+        new_version = status.target_version not in ("", spec.target_version or "")
         return new_version or (phase != Phase.SUCCEEDED and RETRY_ANNOTATION in annotations)
     return False
 

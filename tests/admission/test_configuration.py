@@ -4,6 +4,7 @@ registers from a terminal (greyrelease/admission/configuration.py), and it says 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from greyrelease.admission import (
@@ -17,8 +18,9 @@ from greyrelease.admission import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def shipped() -> dict:
-    return yaml.safe_load((ROOT / "config" / "webhook" / "mutating.yaml").read_text())
+def shipped() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "config" / "webhook" / "mutating.yaml").read_text())
+    return loaded
 
 
 def test_the_shipped_file_is_the_definition() -> None:

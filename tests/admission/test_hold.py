@@ -125,9 +125,11 @@ def apply(obj: Obj, patch: list[Obj]) -> Obj:
     return out
 
 
-def with_(obj: Obj, change: Callable[[Obj], None]) -> Obj:
+def with_(obj: Obj, *changes: Callable[[Obj], object]) -> Obj:
+    """A copy of ``obj`` with ``changes`` made to it, in their order."""
     out = copy.deepcopy(obj)
-    change(out)
+    for change in changes:
+        change(out)
     return out
 
 
@@ -199,7 +201,7 @@ CASES: list[tuple[str, Obj, Obj, str | None, str, bool, str | None]] = [
     (
         "kubectl replace without the annotation nor paused",
         held(),
-        with_(held(), lambda d: (unpause(d), drop_held(d))),
+        with_(held(), unpause, drop_held),
         "kubectl-replace",
         "rehold",
         True,
@@ -226,7 +228,7 @@ CASES: list[tuple[str, Obj, Obj, str | None, str, bool, str | None]] = [
     (
         "the controller's release: both removed, its field manager",
         held(),
-        with_(held(), lambda d: (unpause(d), drop_held(d))),
+        with_(held(), unpause, drop_held),
         FIELD_MANAGER,
         "release",
         False,
@@ -391,7 +393,7 @@ def test_an_existing_annotations_map_gets_a_key() -> None:
 
 
 def test_a_dropped_release_label_is_put_back() -> None:
-    new = with_(held(), lambda d: (unpause(d), drop_held(d), d["metadata"]["labels"].pop(LABEL)))
+    new = with_(held(), unpause, drop_held, lambda d: d["metadata"]["labels"].pop(LABEL))
     patch, warnings, decision = answer(review(held(), new, manager="kubectl-replace"))
     assert decision == "rehold"
     after = apply(new, patch)
@@ -439,7 +441,7 @@ def test_warnings_are_short_enough_for_the_api_server() -> None:
     name = "a" * 63
     old = held(labels={LABEL: name})
     old["metadata"]["name"] = name
-    new = with_(old, lambda d: (unpause(d), drop_held(d), d["metadata"]["labels"].pop(LABEL)))
+    new = with_(old, unpause, drop_held, lambda d: d["metadata"]["labels"].pop(LABEL))
     new["metadata"]["managedFields"] = [
         {"manager": "m" * 60, "operation": "Apply", "fieldsV1": {"f:spec": {"f:paused": {}}}}
     ]

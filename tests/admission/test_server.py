@@ -229,16 +229,15 @@ def test_a_replica_that_loses_the_race_to_create_reads_the_winner() -> None:
     elsewhere = FakeKube()
     winner = wh.SecretCerts(elsewhere, "svc", "ns", lambda: NOW).ensure()
     secret_path = "/api/v1/namespaces/ns/secrets/svc-tls"
-    kube = FakeKube()
-    real_request = kube.request
 
-    def racing(method: str, path: str, **kw: Any) -> Any:
-        if method == "POST" and secret_path not in kube.objects:
-            # The other replica's create lands between our GET (404) and our POST.
-            kube.objects[secret_path] = kube._stamp(elsewhere.objects[secret_path])
-        return real_request(method, path, **kw)
+    class Racing(FakeKube):
+        def request(self, method: str, path: str, **kw: Any) -> Any:
+            if method == "POST" and secret_path not in self.objects:
+                # The other replica's create lands between our GET (404) and our POST.
+                self.objects[secret_path] = self._stamp(elsewhere.objects[secret_path])
+            return super().request(method, path, **kw)
 
-    kube.request = racing  # type: ignore[method-assign]
+    kube = Racing()
     assert wh.SecretCerts(kube, "svc", "ns", lambda: NOW).ensure() == winner
 
 

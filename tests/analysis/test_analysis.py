@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from greyrelease.analysis.verdicts import Check, Sample, due, fold, judge, render_query, verdict
 from greyrelease.api.release import Analysis, Metric, MetricStatus
 
 
-def metric(**fields) -> Metric:
+def metric(**fields: Any) -> Metric:
     return Metric.model_validate({"name": "m", "query": "q", **fields})
 
 
@@ -49,7 +50,7 @@ def metric(**fields) -> Metric:
         "compare-catches-what-threshold-misses",
     ],
 )
-def test_judge(fields: dict, canary: Sample, stable: Sample | None, expected: str) -> None:
+def test_judge(fields: dict[str, Any], canary: Sample, stable: Sample | None, expected: str) -> None:
     assert judge(metric(**fields), Check("m", canary, stable))[0] == expected
 
 

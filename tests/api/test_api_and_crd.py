@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -82,7 +83,7 @@ BASE = {"targetRef": {"name": "web"}, "targetVersion": "v2"}
         "unknown-field",
     ],
 )
-def test_bad_specs_are_refused_naming_the_field(spec: dict, field: str) -> None:
+def test_bad_specs_are_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         GreyReleaseSpec.model_validate(spec)
     assert field in str(err.value)
@@ -115,7 +116,7 @@ def test_durations(text: str, seconds: float) -> None:
     ],
     ids=["shorthand-service", "shorthand-nginx", "percent-gateway", "clamped-to-replicas", "one-batch"],
 )
-def test_batch_tables(fields: dict, replicas: int, table: list[tuple[int, int, int]]) -> None:
+def test_batch_tables(fields: dict[str, Any], replicas: int, table: list[tuple[int, int, int]]) -> None:
     steps = expand(GreyReleaseSpec.model_validate({**BASE, **fields}), replicas)
     assert [(s.canary_replicas, s.stable_replicas, s.weight) for s in steps] == table
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+from greyrelease.api.release import Obj
 from greyrelease.kube.workload import (
     TEMPLATE_HASH_ANNOTATION,
     build_canary,
@@ -15,7 +16,7 @@ from greyrelease.kube.workload import (
 )
 from greyrelease.routers.selector import ORIGINAL_SELECTOR_ANNOTATION, narrowing_patch, restoring_patch
 
-STABLE = {
+STABLE: Obj = {
     "metadata": {
         "name": "web",
         "namespace": "shop",
@@ -102,7 +103,7 @@ def test_workload_of_reads_the_released_container_and_readiness() -> None:
 
 
 def test_current_template_hash_picks_the_owned_replicaset_of_the_current_revision() -> None:
-    def rs(name: str, owner: str, revision: str, hash_: str) -> dict:
+    def rs(name: str, owner: str, revision: str, hash_: str) -> Obj:
         return {
             "metadata": {
                 "name": name,

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from greyrelease.kube.cache import CachedKube, Reflector, Store
 from greyrelease.kube.memory import MemoryKube
-from greyrelease.kube.protocol import ApiError, NotFound, path
+from greyrelease.kube.protocol import ApiError, NotFound, Ref, path
 from tenacity import wait_fixed
 
 
 def obj(name: str, rv: int | str, ns: str = "default", **extra: Any) -> dict[str, Any]:
     meta = {"name": name, "namespace": ns, "resourceVersion": str(rv), "managedFields": [{"manager": "x"}]}
     return {"metadata": meta, **extra}
+
+
+def present(found: dict[str, Any] | None) -> dict[str, Any]:
+    """``found``, which the test knows is there."""
+    assert found is not None
+    return found
 
 
 def version_of(store: Store, name: str, ns: str = "default") -> str | None:
@@ -41,7 +48,7 @@ def test_bodies_are_kept_without_managed_fields_and_handed_out_as_copies(packed:
     got = store.get("default", "web")
     assert got is not None and "managedFields" not in got["metadata"]
     got["spec"]["replicas"] = 99
-    assert store.get("default", "web")["spec"]["replicas"] == 3  # type: ignore[index]
+    assert present(store.get("default", "web"))["spec"]["replicas"] == 3
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -146,7 +153,7 @@ def cached() -> tuple[CachedKube, MemoryKube, Store]:
 def test_reads_come_from_the_store_and_fall_back_to_the_api(cached: tuple[CachedKube, MemoryKube, Store]) -> None:
     client, api, store = cached
     store.fold({**obj("web", 5), "spec": {"replicas": 2}})
-    assert client.get(DEPLOYMENTS.named("web"))["spec"] == {"replicas": 2}  # type: ignore[index]
+    assert present(client.get(DEPLOYMENTS.named("web")))["spec"] == {"replicas": 2}
     assert api.requests == []
     api.put(deployment("other"))
     assert client.get(DEPLOYMENTS.named("other")) is not None
@@ -190,7 +197,7 @@ def test_writes_fold_their_responses(cached: tuple[CachedKube, MemoryKube, Store
     store.fold({**obj("web", version - 1), "spec": {"replicas": 1}})  # a late watch event of an older state
     assert version_of(store, "web") == str(version)
     client.patch(DEPLOYMENTS.named("web"), {"spec": {"replicas": 4}})
-    assert client.get(DEPLOYMENTS.named("web"))["spec"] == {"replicas": 4}  # type: ignore[index]
+    assert present(client.get(DEPLOYMENTS.named("web")))["spec"] == {"replicas": 4}
     assert [m for m, _ in api.requests] == ["POST", "PATCH"]
 
 
@@ -238,9 +245,9 @@ def test_nothing_is_served_until_ready(cached: tuple[CachedKube, MemoryKube, Sto
     store.fold(obj("web", 1))
     stored = api.put(deployment("web"))["metadata"]["resourceVersion"]
     assert version_of(store, "web") == "1"
-    assert client.get(DEPLOYMENTS.named("web"))["metadata"]["resourceVersion"] == stored  # type: ignore[index]
+    assert present(client.get(DEPLOYMENTS.named("web")))["metadata"]["resourceVersion"] == stored
     ready.set()
-    assert client.get(DEPLOYMENTS.named("web"))["metadata"]["resourceVersion"] == stored  # type: ignore[index]
+    assert present(client.get(DEPLOYMENTS.named("web")))["metadata"]["resourceVersion"] == stored
     assert len(api.requests) == 1
 
 
@@ -252,11 +259,13 @@ class ScriptedKube:
         self.listings, self.watches, self.done = listings, watches, done
         self.calls: list[str] = []
 
-    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+    def request(self, method: str, ref: Ref, **_: Any) -> dict[str, Any]:
         self.calls.append("list")
         return self.listings.pop(0)
 
-    def watch(self, path: str, *, resource_version: str | None, timeout_seconds: int, **_: Any) -> Any:
+    def watch(
+        self, ref: Ref, *, resource_version: str | None, timeout_seconds: int, **_: Any
+    ) -> Iterator[dict[str, Any]]:
         self.calls.append(f"watch@{resource_version}")
         if not self.watches:
             self.done.set()
@@ -287,7 +296,7 @@ def test_reflector_follows_the_watch_and_lists_again_when_it_is_too_old() -> Non
         ],
         done=done,
     )
-    reflector = Reflector(scripted, DEPLOYMENTS, on_change=lambda kind, o: seen.append((kind, o["metadata"]["name"])))  # type: ignore[arg-type]
+    reflector = Reflector(scripted, DEPLOYMENTS, on_change=lambda kind, o: seen.append((kind, o["metadata"]["name"])))
     reflector.start()
     assert done.wait(5)
     reflector.stop()
@@ -309,7 +318,7 @@ def test_reflector_lets_the_list_go_while_it_watches() -> None:
     alive = weakref.ref(listing)
     scripted = ScriptedKube(listings=[listing], watches=[], done=done)
     del listing
-    reflector = Reflector(scripted, DEPLOYMENTS).start()  # type: ignore[arg-type]
+    reflector = Reflector(scripted, DEPLOYMENTS).start()
     try:
         assert done.wait(5)  # listed, and now inside the watch
         assert version_of(reflector.store, "a") == "3"
@@ -326,7 +335,7 @@ def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: 
         watches=[ApiError(500, "InternalError", "etcd"), [{"type": "ADDED", "object": obj("a", 12)}]],
         done=done,
     )
-    reflector = Reflector(scripted, DEPLOYMENTS).start()  # type: ignore[arg-type]
+    reflector = Reflector(scripted, DEPLOYMENTS).start()
     assert done.wait(5)
     reflector.stop()
     assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]

@@ -139,7 +139,7 @@ def test_merge_and_strategic_merge_patches() -> None:
 def test_faults_and_the_request_log() -> None:
     kube = MemoryKube(deployment())
 
-    def refuse_writes(verb: str, p: str) -> None:
+    def refuse_writes(verb: str, p: Ref) -> None:
         if verb in MemoryKube.WRITE_VERBS:
             raise Conflict(409, "Conflict", "no")
 

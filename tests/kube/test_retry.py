@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import urllib3
+import urllib3.connection
 import urllib3.exceptions
 from greyrelease.kube.cache import CachedKube, NotHeld
 from greyrelease.kube.client import KubeClient
@@ -44,8 +46,14 @@ def recorded(**kw: Any) -> tuple[RetryPolicy, list[float]]:
     return RetryPolicy(**{**fields, **kw}, sleep=waits.append), waits
 
 
+#: The connection pool urllib3's errors name (made, never connected).
+POOL = urllib3.HTTPConnectionPool("127.0.0.1", 1)
+
+
 def refused() -> urllib3.exceptions.NewConnectionError:
-    return urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection: [Errno 111] refused")
+    return urllib3.exceptions.NewConnectionError(
+        urllib3.connection.HTTPConnection("127.0.0.1", 1), "Failed to establish a new connection: [Errno 111] refused"
+    )
 
 
 RETRIED = [
@@ -57,9 +65,9 @@ RETRIED = [
     pytest.param(ConnectionResetError(104, "reset"), id="connection-reset"),
     pytest.param(TimeoutError("timed out"), id="timeout"),
     pytest.param(refused(), id="urllib3-new-connection"),
-    pytest.param(urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"), id="urllib3-read-timeout"),
+    pytest.param(urllib3.exceptions.ReadTimeoutError(POOL, "/", "read timed out"), id="urllib3-read-timeout"),
     pytest.param(urllib3.exceptions.ProtocolError("Connection aborted."), id="urllib3-protocol"),
-    pytest.param(urllib3.exceptions.MaxRetryError(None, "/", refused()), id="urllib3-max-retry-refused"),
+    pytest.param(urllib3.exceptions.MaxRetryError(POOL, "/", refused()), id="urllib3-max-retry-refused"),
 ]
 
 NOT_RETRIED = [
@@ -71,7 +79,7 @@ NOT_RETRIED = [
     pytest.param(ApiError(410, "Expired", "too old"), id="410"),
     pytest.param(ApiError(422, "Invalid", "bad"), id="422"),
     pytest.param(urllib3.exceptions.SSLError("certificate verify failed"), id="tls"),
-    pytest.param(urllib3.exceptions.MaxRetryError(None, "/", urllib3.exceptions.SSLError("bad")), id="max-retry-tls"),
+    pytest.param(urllib3.exceptions.MaxRetryError(POOL, "/", urllib3.exceptions.SSLError("bad")), id="max-retry-tls"),
     pytest.param(NotHeld("shard given up"), id="not-held"),
     pytest.param(ValueError("a bug"), id="other"),
 ]
@@ -207,7 +215,8 @@ class Server:
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def client(self, policy: RetryPolicy | None = None) -> KubeClient:
-        return KubeClient(k8s_client.Configuration(host=self.url), **({"retry": policy} if policy else {}))
+        cfg = k8s_client.Configuration(host=self.url)
+        return KubeClient(cfg, retry=policy) if policy else KubeClient(cfg)
 
     def close(self) -> None:
         self.httpd.shutdown()

@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from greyrelease.analysis.verdicts import Check, Sample
 from greyrelease.api.release import (
     ABORT_ANNOTATION,
     BATCH_PHASES,
@@ -21,6 +22,7 @@ from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import (
     DeleteCanary,
     EnsureCanary,
+    Plan,
     PrepareRouting,
     RemoveAnnotations,
     ResetRouting,
@@ -29,7 +31,7 @@ from greyrelease.planner.actions import (
     SetStableImage,
     SetWeight,
 )
-from greyrelease.planner.machine import ENDPOINTS_POLL, HANDLERS, decide, project
+from greyrelease.planner.machine import ENDPOINTS_POLL, HANDLERS, Workload, decide, project
 
 from tests.support.builders import T0, UID
 from tests.support.world import World, spec, workload
@@ -45,7 +47,7 @@ def started(world: World) -> World:
     return world
 
 
-def hold(world: World):
+def hold(world: World) -> Plan:
     """Step until the current batch is live (canary ready, weight set); the plan that made it so."""
     for _ in range(5):
         plan = world.step()
@@ -83,7 +85,9 @@ def test_start_records_what_it_will_restore_and_prepares_routing_before_the_cana
     ],
     ids=["appName-matches-none", "appName-matches-two"],
 )
-def test_target_missing_or_ambiguous_is_invalid_and_touches_nothing(candidates, field_text) -> None:
+def test_target_missing_or_ambiguous_is_invalid_and_touches_nothing(
+    candidates: tuple[Workload, ...], field_text: str
+) -> None:
     w = World(spec(targetRef=None, appName="web"), stable=None, extra_candidates=candidates)
     plan = w.step()
     assert plan.status.phase == "InvalidSpec"
@@ -138,6 +142,7 @@ def test_batch_grows_canary_before_shrinking_stable_then_moves_traffic() -> None
     assert plan.actions == (PrepareRouting(), EnsureCanary(replicas=2, image="app:v2", version="v2"))
     assert plan.status.batch_times.ready_at is None
     assert "waiting for 2 canary pods to be ready" in plan.status.message
+    assert w.canary is not None
     w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
     plan = w.step()
     assert plan.actions == (ScaleStable(8), SetWeight(20, None))
@@ -253,6 +258,7 @@ def test_promotion_gives_the_stable_its_new_image_only_once_the_last_batch_scale
     assert plan.actions == (ScaleStable(0), SetWeight(100, None))
     assert [e.reason for e in plan.events] == [R.BATCH_READY, R.PROMOTING]
     assert plan.status.message == "promoting: waiting for 10 stable pods ready on v2"
+    assert w.stable is not None
     w.stable = replace(w.stable, total=1)  # an old pod still counted
     assert w.step().actions == ()
     w.stable = replace(w.stable, total=0)
@@ -375,9 +381,7 @@ ANALYSIS = {
 }
 
 
-def _check(value: float | None = None, error: str = ""):
-    from greyrelease.analysis.verdicts import Check, Sample
-
+def _check(value: float | None = None, error: str = "") -> tuple[Check, ...]:
     return (Check("error-rate", Sample(value=value, error=error)),)
 
 
@@ -456,6 +460,7 @@ def test_no_data_waits_until_the_progress_deadline() -> None:
 def _to_phase(phase: str) -> World:
     w = World(spec(trafficRouting=SERVICE, pause="manual"))
     if phase == "Initializing":
+        assert w.stable is not None
         w.stable = replace(w.stable, template_hash="")
         w.step()
         assert w.status.phase == "Initializing"
@@ -513,6 +518,7 @@ def test_rollback_keeps_canary_until_stable_is_ready() -> None:
     assert DeleteCanary() not in plan.actions
     assert w.canary is not None
     w.pods_get_ready = True
+    assert w.stable is not None
     w.stable = replace(w.stable, ready=10, updated=10, available=10, total=10)
     plan = w.step()
     assert DeleteCanary() in plan.actions
@@ -574,6 +580,7 @@ def test_promotion_waits_for_the_stable_rollout_then_removes_the_canary() -> Non
     assert plan.actions == (SetWeight(100, None), RestoreStableSelector(), SetStableImage("app:v2", 10))
     plan = w.step()
     assert "waiting for 10 stable pods ready on v2" in plan.status.message and w.canary is not None
+    assert w.stable is not None
     w.stable = replace(w.stable, ready=10, updated=10, available=10, total=10)
     plan = w.step()
     assert plan.actions == (SetWeight(0), DeleteCanary())
@@ -599,6 +606,7 @@ def test_promotion_deadline_rolls_back_to_the_original_image() -> None:
     plan = w.step()
     assert SetStableImage("app:v1", 10) in plan.actions
     w.pods_get_ready = True
+    assert w.stable is not None
     w.stable = replace(w.stable, ready=0)
     w.run(until={"Failed"})
     assert w.stable is not None and w.stable.image == "app:v1"
@@ -632,6 +640,7 @@ def test_canary_deleted_mid_release_is_recreated_at_once_not_at_the_next_batch()
     assert R.CANARY_LOST in [e.reason for e in plan.events]
     plan = w.step()  # ready again: live with a full pause, the same history record
     assert plan.status.batch_times.ready_at is not None and plan.status.current_batch == 1
+    assert plan.status.batch_times.next_check_at is not None
     assert fmt_time(plan.status.batch_times.next_check_at) == "2026-01-01T12:01:30.000Z"
     assert [h.batch for h in plan.status.history] == [1]
     assert w.canary is not None and w.stable is not None and w.stable.replicas == 8
@@ -758,6 +767,7 @@ def test_batch_states_through_a_release_and_the_paused_condition_follows_them() 
 
     step()  # batch 1's canary asked for
     w.pods_get_ready = True
+    assert w.canary is not None
     w.canary = replace(w.canary, ready=2, updated=2, available=2, total=2)
     step()  # live, waiting for approval
     w.annotations[PAUSE_ANNOTATION] = "true"

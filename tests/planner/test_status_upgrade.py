@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from greyrelease.analysis.verdicts import Check, Sample
 from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.planner.actions import PrepareRouting, SetWeight
+from greyrelease.planner.actions import Action, PrepareRouting, SetWeight
 from greyrelease.planner.machine import Observed, Workload, decide
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
@@ -90,10 +90,10 @@ def _observed(d: dict[str, Any]) -> Observed:
     )
 
 
-def _as_recorded(action: object, status: GreyReleaseStatus) -> dict[str, Any]:
+def _as_recorded(action: Action, status: GreyReleaseStatus) -> dict[str, Any]:
     """An action as the fixture has it. What the routing actions carry since (the stable ReplicaSet's hash,
     which the routers read then from the status the plan records) is checked against that status."""
-    fields = dataclasses.asdict(action)  # type: ignore[call-overload]
+    fields = dataclasses.asdict(action)
     if isinstance(action, (PrepareRouting, SetWeight)):
         assert fields.pop("stable_hash") == status.stable_pod_template_hash
     return {"type": type(action).__name__, **fields}

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from greyrelease.analysis.verdicts import Check, Sample
 from greyrelease.api.release import STATES_OF, GreyReleaseSpec, GreyReleaseStatus
-from greyrelease.planner.actions import PrepareRouting, SetWeight
+from greyrelease.planner.actions import Action, PrepareRouting, SetWeight
 from greyrelease.planner.governance import Predecessor, Queue
 from greyrelease.planner.machine import Observed, Workload, decide
 
@@ -107,16 +107,17 @@ def _dump(status: GreyReleaseStatus) -> dict[str, Any]:
     return stored
 
 
-def _actions(plan_actions: tuple[object, ...], status: GreyReleaseStatus) -> list[dict[str, Any]]:
+def _actions(plan_actions: tuple[Action, ...], status: GreyReleaseStatus) -> list[dict[str, Any]]:
     """The actions as the fixture has them. What the routing actions carry since (the stable ReplicaSet's
     hash, which the routers read then from the status the plan records) is checked against that status."""
     out = []
     for action in plan_actions:
-        fields = dataclasses.asdict(action)  # type: ignore[call-overload]
+        fields = dataclasses.asdict(action)
         if isinstance(action, (PrepareRouting, SetWeight)):
             assert fields.pop("stable_hash") == status.stable_pod_template_hash
         out.append({"type": type(action).__name__, **fields})
-    return json.loads(json.dumps(out, default=lambda v: v.isoformat()))
+    recorded: list[dict[str, Any]] = json.loads(json.dumps(out, default=lambda v: v.isoformat()))
+    return recorded
 
 
 def test_the_fixture_covers_every_stored_state() -> None:

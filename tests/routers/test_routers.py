@@ -13,7 +13,7 @@ import pytest
 from greyrelease.api.release import ABORT_ANNOTATION, GreyReleaseSpec, GreyReleaseStatus
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.memory import merge_patch as merge
-from greyrelease.kube.protocol import Conflict, path
+from greyrelease.kube.protocol import Conflict, Ref, path
 from greyrelease.kube.workload import owner_reference
 from greyrelease.planner.actions import PrepareRouting, ResetRouting, RestoreStableSelector, SetWeight
 from greyrelease.planner.machine import decide
@@ -100,12 +100,12 @@ def route(*rules: Obj) -> Obj:
 WRITE_NAMES = {"POST": "create", "PATCH": "patch", "PUT": "replace", "DELETE": "delete"}
 
 
-def writes(kube: MemoryKube) -> list[tuple[str, str]]:
+def writes(kube: MemoryKube) -> list[tuple[str, Ref]]:
     """The writes since the requests were last cleared, as ("create" | "patch" | "delete", path)."""
     return [(WRITE_NAMES[verb], p) for verb, p in kube.writes]
 
 
-def by_path(kube: MemoryKube) -> dict[str, Obj]:
+def by_path(kube: MemoryKube) -> dict[Ref, Obj]:
     return {MemoryKube.path_of(o): o for o in kube.objects()}
 
 
@@ -127,7 +127,7 @@ CANARY_SVC = path("", "v1", "services", NS, "web-canary")
 ROUTE = path("gateway.networking.k8s.io", "v1", "httproutes", NS, "web")
 
 
-def user_objects(kube: MemoryKube) -> dict[str, Obj]:
+def user_objects(kube: MemoryKube) -> dict[Ref, Obj]:
     """The user's objects without the fields the API server sets and bumps on writes."""
     out = {}
     for p in (ING, SVC, ROUTE):
@@ -787,7 +787,7 @@ def routed(routing: Obj, **fields: Any) -> RoutedWorld:
     return w
 
 
-BATCHES = {
+BATCHES: Obj = {
     "batches": [
         {"replicas": 1, "weight": 20},
         {"replicas": 2, "weight": 50},
@@ -876,7 +876,7 @@ STEPS: list[Callable[[Router], None]] = [
 ]
 
 
-def _states(kube: MemoryKube, routing: Obj) -> list[Obj]:
+def _states(kube: MemoryKube, routing: Obj) -> list[dict[Ref, Obj]]:
     """The objects after each step; a step that crashes is run again, as the next pass would."""
     out = []
     for run in STEPS:
@@ -888,7 +888,7 @@ def _states(kube: MemoryKube, routing: Obj) -> list[Obj]:
     return out
 
 
-def _snapshot(kube: MemoryKube) -> dict[str, Obj]:
+def _snapshot(kube: MemoryKube) -> dict[Ref, Obj]:
     """Every object, without the fields the API server sets (those of a created object differ by run)."""
     return {p: without_server_fields(obj) for p, obj in by_path(kube).items()}
 

@@ -1,13 +1,14 @@
 """Who may hold the Lease: pure."""
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from greyrelease.runtime.leader import claim
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def held_by(who: str, ago: float) -> dict:
+def held_by(who: str, ago: float) -> dict[str, Any]:
     t = (NOW - timedelta(seconds=ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return {"holderIdentity": who, "leaseDurationSeconds": 10, "renewTime": t, "acquireTime": t, "leaseTransitions": 3}
 
@@ -58,6 +59,7 @@ def test_a_candidate_that_read_the_lease_before_another_took_it_over_does_not_ta
 
     from greyrelease.api.release import Obj
     from greyrelease.kube.memory import MemoryKube
+    from greyrelease.kube.protocol import Ref
     from greyrelease.runtime.leader import Lease
 
     kube = MemoryKube()
@@ -70,10 +72,12 @@ def test_a_candidate_that_read_the_lease_before_another_took_it_over_does_not_ta
     assert Lease(kube, namespace="ns", me="c").try_hold()  # c takes it over
 
     class ReadBeforeTheTakeover(MemoryKube):
-        def get(self, path: str) -> Obj | None:
+        def get(self, ref: Ref) -> Obj | None:
             return copy.deepcopy(seen)
 
+        def replace(self, ref: Ref, body: Obj) -> Obj:
+            return kube.replace(ref, body)
+
     late = ReadBeforeTheTakeover()
-    late.replace = kube.replace  # type: ignore[method-assign]
     assert not Lease(late, namespace="ns", me="b").try_hold()  # its PUT of the stale version is refused
     assert old.holder() == "c"

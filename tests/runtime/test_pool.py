@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
 from greyrelease.runtime.pool import PassPool
@@ -14,9 +16,14 @@ def test_an_urgent_pass_overtakes_the_queue_and_each_kind_keeps_its_order() -> N
     gate = threading.Event()
     ran: list[str] = []
     busy = threading.Event()
-    blocker = pool.submit(lambda: busy.set() or gate.wait(5))
+
+    def block() -> bool:
+        busy.set()
+        return gate.wait(5)
+
+    blocker = pool.submit(block)
     assert busy.wait(5)  # the one thread is busy: everything below queues
-    futures = [pool.submit(ran.append, "timer-1"), pool.submit(ran.append, "timer-2")]
+    futures: list[Future[Any]] = [pool.submit(ran.append, "timer-1"), pool.submit(ran.append, "timer-2")]
     futures += [pool.submit(ran.append, "abort-1", urgent=True), pool.submit(ran.append, "abort-2", urgent=True)]
     assert pool.queued() == 4
     gate.set()
@@ -63,8 +70,15 @@ def test_a_pool_needs_a_thread() -> None:
 
 def _blocked(pool: PassPool, **kind: bool) -> tuple[threading.Event, list[float]]:
     """Submit a pass that runs until the returned gate opens; the list gets the time it ended."""
-    gate, started, ended = threading.Event(), threading.Event(), []
-    pool.submit(lambda: (started.set(), gate.wait(10), ended.append(time.monotonic())), **kind)
+    gate, started = threading.Event(), threading.Event()
+    ended: list[float] = []
+
+    def run() -> None:
+        started.set()
+        gate.wait(10)
+        ended.append(time.monotonic())
+
+    pool.submit(run, **kind)
     assert started.wait(5)
     return gate, ended
 
@@ -151,7 +165,10 @@ def test_held_passes_wake_one_idle_thread_not_all(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_failing_wait_report_costs_neither_the_pass_nor_the_thread() -> None:
-    pool = PassPool(1, waited=lambda urgent, seconds: 1 / 0)
+    def failing_report(urgent: bool, seconds: float) -> None:
+        raise ZeroDivisionError
+
+    pool = PassPool(1, waited=failing_report)
     assert pool.submit(lambda: 7).result(timeout=5) == 7
     assert pool.submit(lambda: 8).result(timeout=5) == 8
     pool.stop()

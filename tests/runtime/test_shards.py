@@ -120,7 +120,7 @@ def test_a_replica_cut_off_stops_writing_before_another_takes_its_shard_over() -
             n=2,
             me=me,
             start=start,
-            stop=stop,  # type: ignore[arg-type]
+            stop=stop,
             lease_seconds=1,
             renew_every=0.2,
         )

@@ -93,7 +93,7 @@ def roll_out(kube: MemoryKube) -> None:
             kube.put({**d, "status": status})
         template_hash = _hash(d["spec"]["template"])
         labels = {**d["spec"]["template"]["metadata"]["labels"], "pod-template-hash": template_hash}
-        rs = {
+        rs: Obj = {
             "apiVersion": "apps/v1",
             "kind": "ReplicaSet",
             "metadata": {

@@ -9,7 +9,7 @@ from typing import Any
 
 from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
-from greyrelease.kube.protocol import Ref
+from greyrelease.kube.protocol import PatchBody, Ref
 
 
 class Crash(Exception):
@@ -71,29 +71,30 @@ class Lagging:
     def freeze(self) -> None:
         self.snapshot = {MemoryKube.path_of(o): copy.deepcopy(o) for o in self.inner.objects()}
 
-    def _stale(self, p: Ref) -> bool:
-        return self.lag and p.resource in self.LAGGING
+    def _stale(self, ref: Ref) -> bool:
+        return self.lag and ref.resource in self.LAGGING
 
-    def get(self, p: Ref) -> Obj | None:
-        if self._stale(p):
-            found = self.snapshot.get(p)
+    def get(self, ref: Ref) -> Obj | None:
+        if self._stale(ref):
+            found = self.snapshot.get(ref)
             return copy.deepcopy(found) if found is not None else None
-        return self.inner.get(p)
+        return self.inner.get(ref)
 
-    def list(self, p: Ref, *, label_selector: str | None = None) -> list[Obj]:
-        if self._stale(p):
+    def list(self, ref: Ref, *, label_selector: str | None = None) -> list[Obj]:
+        if self._stale(ref):
             found = sorted(self.snapshot.items(), key=lambda item: item[0].path)
-            return [copy.deepcopy(o) for k, o in found if k.collection == p]
-        return self.inner.list(p, label_selector=label_selector)
+            return [copy.deepcopy(o) for k, o in found if k.collection == ref]
+        return self.inner.list(ref, label_selector=label_selector)
 
-    def create(self, p: Ref, body: Obj) -> Obj:
-        return self.inner.create(p, body)
+    def create(self, ref: Ref, body: Obj) -> Obj:
+        return self.inner.create(ref, body)
 
-    def patch(self, p: Ref, body: Obj, **kw: Any) -> Obj:
-        return self.inner.patch(p, body, **kw)
+    # The keyword arguments of the writes (patch_type, field_manager, propagation) are passed on as they come.
+    def patch(self, ref: Ref, body: PatchBody, **kw: Any) -> Obj:
+        return self.inner.patch(ref, body, **kw)
 
-    def replace(self, p: Ref, body: Obj) -> Obj:
-        return self.inner.replace(p, body)
+    def replace(self, ref: Ref, body: Obj) -> Obj:
+        return self.inner.replace(ref, body)
 
-    def delete(self, p: Ref, **kw: Any) -> Obj | None:
-        return self.inner.delete(p, **kw)
+    def delete(self, ref: Ref, **kw: Any) -> Obj | None:
+        return self.inner.delete(ref, **kw)

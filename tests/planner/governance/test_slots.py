@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
-from greyrelease.kube.protocol import Conflict
+from greyrelease.kube.protocol import Conflict, Ref
 from greyrelease.reconcile.slots import free as free_slot
 from greyrelease.reconcile.slots import holders_of, lease_path
 from greyrelease.reconcile.slots import take as take_slot
@@ -61,7 +61,7 @@ def race(kube: MemoryKube, first: Obj, second: Obj, *, verb: str) -> None:
     replica, say)."""
     raced = False
 
-    def before(v: str, p: str) -> None:
+    def before(v: str, p: Ref) -> None:
         nonlocal raced
         if v == verb and not raced:
             raced = True
@@ -98,7 +98,7 @@ def test_two_takes_racing_to_create_the_lease_of_one_slot_one_is_refused() -> No
     kube = MemoryKube()
     raced = False
 
-    def before(v: str, p: str) -> None:
+    def before(v: str, p: Ref) -> None:
         nonlocal raced
         if v == "POST" and not raced:
             raced = True

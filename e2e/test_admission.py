@@ -17,6 +17,7 @@ import re
 import secrets
 import socket
 import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,10 +52,10 @@ class Env:
     cluster: Cluster
     namespace: str
     port: int
-    ctl: Controller
+    ctl: Controller | None  # None until start()
     log: Path
 
-    def kubectl(self, *args: str, **kw: Any) -> Any:
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, "-n", self.namespace, **kw)
 
     def get(self, name: str) -> dict[str, Any]:
@@ -183,7 +184,7 @@ def env(cluster: Cluster, crd: Path, tmp_path_factory: pytest.TempPathFactory) -
     cluster.kubectl("create", "namespace", namespace)
     cluster.wait_for_namespace_ready(namespace)
     log = tmp_path_factory.mktemp("admission") / "controller.log"
-    e = Env(cluster, namespace, free_port(), None, log)  # type: ignore[arg-type]
+    e = Env(cluster, namespace, free_port(), None, log)
     try:
         deploy(e, "probe", replicas=1)
         print(f"\ncontroller started, webhook registered and answering in {e.start():.2f}s")
@@ -444,6 +445,7 @@ def test_the_shipped_configuration_and_a_cert_dir_reloaded_when_the_files_change
         standby.stop()
         print(f"--- standby log (last lines) ---\n{standby.logs()}")
         # The module controller registers its own URL again.
+        assert env.ctl is not None
         env.ctl.stop()
         env.start()
 
@@ -457,6 +459,7 @@ def _served(port: int) -> bytes | None:
 
 def test_the_controller_down_refuses_only_template_changes_and_holds_again_after_a_restart(env: Env) -> None:
     deploy(env, "outage")
+    assert env.ctl is not None
     env.ctl.kill()
     killed = time.monotonic()
     with pytest.raises(KubectlError) as refused:

@@ -35,7 +35,7 @@ def release_with(
     prometheus: PrometheusStack,
     metric: dict[str, Any],
     *,
-    batches: list[dict] | None = None,
+    batches: list[dict[str, Any]] | None = None,
     interval: str = "1s",
     **spec: Any,
 ) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def test_healthy_canary_succeeds_with_metric_values_in_status(
     deploy_app(cluster, namespace, replicas=4)
     serve(prometheus, namespace, stable=0.01, canary=0.01)
     apply_release(cluster, namespace, release_with(prometheus, {"thresholdRange": {"max": 0.05}}))
-    seen: list[dict] = []
+    seen: list[dict[str, Any]] = []
 
     def done() -> bool:
         st = status(cluster, namespace, "web")
@@ -89,7 +89,7 @@ def test_error_rate_raised_in_batch_two_rolls_back_in_time(
     deploy_app(cluster, namespace, replicas=4)
     serve(prometheus, namespace, stable=0.01, canary=0.01)
     interval, failure_limit = 2, 0
-    batches = [{"replicas": 1, "pause": "3s"}, {"replicas": 2, "pause": "60s"}, {"replicas": 4}]
+    batches: list[dict[str, Any]] = [{"replicas": 1, "pause": "3s"}, {"replicas": 2, "pause": "60s"}, {"replicas": 4}]
     apply_release(
         cluster,
         namespace,

@@ -96,7 +96,7 @@ def test_a_freeze_applied_mid_release_holds_the_next_batch(
     cluster: Cluster, namespace: str, controller: Controller, policies: list[str]
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
-    batches = [{"replicas": 1, "pause": "5s"}, {"replicas": 2, "pause": "1s"}, {"replicas": 4}]
+    batches: list[dict[str, Any]] = [{"replicas": 1, "pause": "5s"}, {"replicas": 2, "pause": "1s"}, {"replicas": 4}]
     apply_release(cluster, namespace, gr("web", "web", batches))
     wait_for(lambda: status(cluster, namespace, "web").get("batchState") == "Verifying", 60, "batch 1 live")
     name = f"freeze-{namespace}"
@@ -131,7 +131,7 @@ def test_a_freeze_applied_mid_release_holds_the_next_batch(
 def test_an_approval_left_waiting_expires_and_aborts(cluster: Cluster, namespace: str, controller: Controller) -> None:
     deploy_app(cluster, namespace, replicas=4)
     approval = {"timeout": "6s", "onTimeout": "abort"}
-    batches = [{"replicas": 1, "pause": "manual", "approval": approval}, {"replicas": 4}]
+    batches: list[dict[str, Any]] = [{"replicas": 1, "pause": "manual", "approval": approval}, {"replicas": 4}]
     apply_release(cluster, namespace, gr("web", "web", batches))
     waiting = wait_for(
         lambda: (st := status(cluster, namespace, "web")).get("batchState") == "WaitingForApproval" and st,
@@ -255,8 +255,9 @@ def test_a_release_after_an_aborted_one_waits_and_names_it_and_a_cycle_is_refuse
     wait_phase(cluster, namespace, "api", {"Aborted"}, timeout=60)
     named = wait_for(
         lambda: (
-            "ended Aborted" in (status(cluster, namespace, "web").get("message") or "")
-            and status(cluster, namespace, "web")
+            status(cluster, namespace, "web")
+            if "ended Aborted" in (status(cluster, namespace, "web").get("message") or "")
+            else None
         ),
         30,
         "web naming the aborted predecessor",

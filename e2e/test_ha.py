@@ -73,7 +73,9 @@ def test_killing_the_leader_hands_over_and_the_release_completes_once(
         ready = [e["message"].split(":")[0] for e in events(cluster, namespace, "web") if e["reason"] == "BatchReady"]
         assert sorted(ready) == ["batch 1/4", "batch 2/4", "batch 3/4", "batch 4/4"]
         lease = cluster.kubectl_json("get", "lease", "greyrelease-controller", "-n", namespace)
-        assert re.search(r"leading as (\S+)", b.logs()).group(1) == lease["spec"]["holderIdentity"]  # type: ignore[union-attr]
+        leading = re.search(r"leading as (\S+)", b.logs())
+        assert leading is not None, b.logs()
+        assert leading.group(1) == lease["spec"]["holderIdentity"]
     finally:
         a.stop()
         b.stop()

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from e2e.harness.controller import Controller, app_manifest, deployment, status, wait_for
 from e2e.harness.controlplane import Cluster
-from e2e.harness.hostile_inputs import CASES, markdown
+from e2e.harness.hostile_inputs import CASES, Case, markdown
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def body(case) -> dict:  # type: ignore[no-untyped-def]
-    obj = {
+def body(case: Case) -> dict[str, Any]:
+    obj: dict[str, Any] = {
         "apiVersion": "greyrelease.io/v1",
         "kind": "GreyRelease",
         "metadata": {"name": f"{case.name}-{case.id}"[:253]},
@@ -60,11 +61,12 @@ def test_hostile_inputs_are_refused_or_marked_and_nothing_is_touched(
     for case in accepted:
         name = body(case)["metadata"]["name"]
         want = "InvalidSpec" if case.expect == "invalid" else "Failed"
-        st = wait_for(
-            lambda name=name, want=want: (s := status(cluster, namespace, name)).get("phase") == want and s,
-            60,
-            f"{case.id} {want}",
-        )
+
+        def marked(name: str = name, want: str = want) -> dict[str, Any] | None:
+            s = status(cluster, namespace, name)
+            return s if s.get("phase") == want else None
+
+        st = wait_for(marked, 60, f"{case.id} {want}")
         assert case.mentions in st["message"], f"{case.id}: {st['message']}"
 
     # Nothing the invalid releases name was touched, and no canary exists for them.

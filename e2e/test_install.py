@@ -280,7 +280,8 @@ def test_the_webhook_installs_and_answers_with_only_the_shipped_rbac(
 
         def bundle() -> str | None:
             config = cluster.kubectl_json("get", "mutatingwebhookconfiguration", "greyrelease-hold")
-            return config["webhooks"][0]["clientConfig"].get("caBundle")
+            ca_bundle: str | None = config["webhooks"][0]["clientConfig"].get("caBundle")
+            return ca_bundle
 
         ca = base64.b64decode(wait_for(bundle, 60, "the caBundle set by the controller"))
         secret = cluster.kubectl_json("get", "secret", "greyrelease-webhook-tls", "-n", SYSTEM_NAMESPACE)

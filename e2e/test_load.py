@@ -32,7 +32,8 @@ def test_keeps_200_requests_per_second_for_5s_and_records_each_answer(pods: Resp
     load = Load(f"http://127.0.0.2:{port}", rate=200).start()
     time.sleep(5)
     records = load.stop()
-    s = summarise(records, load.started, load.started + 5, asked_rate=200)  # type: ignore[operator]
+    assert load.started is not None  # set before start() returned
+    s = summarise(records, load.started, load.started + 5, asked_rate=200)
     lags = [r.lag for r in records]
     lag_p50, lag_p99 = percentile(lags, 50), percentile(lags, 99)
     print(

@@ -61,8 +61,11 @@ def field(text: str, name: str) -> str:
     return lines[-1].split(":", 1)[1].strip()
 
 
-def annotations(cluster: Cluster, namespace: str) -> dict[str, str]:
-    return cluster.kubectl_json("get", "gr", "web", "-n", namespace)["metadata"].get("annotations") or {}
+def annotations_of(cluster: Cluster, namespace: str) -> dict[str, str]:
+    found: dict[str, str] = (
+        cluster.kubectl_json("get", "gr", "web", "-n", namespace)["metadata"].get("annotations") or {}
+    )
+    return found
 
 
 def test_kubectl_discovers_the_plugin(cluster: Cluster) -> None:
@@ -130,7 +133,7 @@ def test_every_subcommand_on_a_real_release(
     assert field(gr_cmd(cluster, "status", "web", "-n", namespace).stdout, "Requested") == "greyrelease.io/pause=true"
     gr_cmd(cluster, "resume", "web", "-n", namespace)
     wait_phase(cluster, namespace, "web", {"Progressing"}, timeout=15)
-    assert "greyrelease.io/pause" not in annotations(cluster, namespace)
+    assert "greyrelease.io/pause" not in annotations_of(cluster, namespace)
 
     # promote: batch 2; then promote --full while `status -w` watches, which ends by itself at Succeeded.
     gr_cmd(cluster, "promote", "web", "-n", namespace)
@@ -177,7 +180,7 @@ def test_every_subcommand_on_a_real_release(
         60,
         "v3 retried",
     )
-    left = annotations(cluster, namespace)
+    left = annotations_of(cluster, namespace)
     assert "greyrelease.io/abort" not in left and "greyrelease.io/retry" not in left  # consumed by the retry
     assert "Retried" in gr_cmd(cluster, "status", "web", "-n", namespace).stdout
 

@@ -37,7 +37,12 @@ def watch_rows(cluster: Cluster, namespace: str, stop: threading.Event, rows: li
             env=cluster.env,
         )
         assert proc.stdout is not None
-        threading.Thread(target=lambda: (stop.wait(), proc.terminate()), daemon=True).start()
+
+        def end_when_stopped() -> None:
+            stop.wait()
+            proc.terminate()
+
+        threading.Thread(target=end_when_stopped, daemon=True).start()
         for line in proc.stdout:
             rows.append(" ".join(line.split()))
 

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -72,7 +73,9 @@ def ctl(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator
 
 
 def image_of(dep: dict[str, Any] | None) -> str:
-    return (dep or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0].get("image", "")
+    spec = (dep or {}).get("spec", {}).get("template", {}).get("spec", {})
+    image: str = spec.get("containers", [{}])[0].get("image", "")
+    return image
 
 
 # --- quiet when idle: set up first, read back last ---------------------------------------------------------
@@ -132,11 +135,11 @@ def idle_window(
                 ),
             )
             # A manual pause holds batch 1 until the pause annotation lands (a timed one could end first).
-            wait_for(
-                lambda ns=ns: status(cluster, ns, "held").get("batchState") == "WaitingForApproval",
-                60,
-                "held: batch 1 live, waiting for approval",
-            )
+
+            def waiting_for_approval(ns: str = ns) -> bool:
+                return status(cluster, ns, "held").get("batchState") == "WaitingForApproval"
+
+            wait_for(waiting_for_approval, 60, "held: batch 1 live, waiting for approval")
             cluster.kubectl("annotate", "gr", "held", "-n", ns, "greyrelease.io/pause=true")
         for ns in namespaces.values():
             assert wait_phase(cluster, ns, "done", TERMINAL, timeout=60)["phase"] == "Succeeded"
@@ -247,7 +250,7 @@ def test_crash_and_resume_30_releases_with_random_sigkills(
                 problems.append(f"{p.name}: {st.get('phase')} ({st.get('message')}), expected {p.expected}")
                 continue
             history = [h["batch"] for h in st.get("history") or []]
-            mine = evs.get(p.name, {})
+            mine = evs.get(p.name, Counter())
             ready = batch_ready_counts(mine)
             if p.expected == "Succeeded":
                 if history != list(range(1, n + 1)):

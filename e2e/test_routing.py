@@ -34,7 +34,7 @@ WEIGHT = "nginx.ingress.kubernetes.io/canary-weight"
 NGINX = {"nginx": {"ingress": "web", "stableService": "web"}}
 GATEWAY = {"gatewayAPI": {"httpRoute": "web", "stableService": "web"}}
 
-INGRESS = {
+INGRESS: dict[str, Any] = {
     "apiVersion": "networking.k8s.io/v1",
     "kind": "Ingress",
     "metadata": {"name": "web", "annotations": {"nginx.ingress.kubernetes.io/proxy-body-size": "8m"}},

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -120,7 +121,7 @@ def check_completed_once(cluster: Cluster, releases: list[tuple[str, str]], time
     for ns, name in releases:
         st = status(cluster, ns, name)
         history = [h["batch"] for h in st.get("history") or []]
-        mine = events[ns].get(name, {})
+        mine = events[ns].get(name, Counter())
         if st.get("phase") != "Succeeded" or history != [1, 2, 3]:
             problems.append(f"{ns}/{name}: {st.get('phase')} ({st.get('message')}), history {history}")
         if batch_ready_counts(mine) != {1: 1, 2: 1, 3: 1}:
@@ -131,7 +132,7 @@ def check_completed_once(cluster: Cluster, releases: list[tuple[str, str]], time
 
 
 def writes_outside_tenure(
-    cluster: Cluster, namespaces: list[str], system: str, since: datetime
+    cluster: LocalCluster, namespaces: list[str], system: str, since: datetime
 ) -> tuple[int, list[str]]:
     """Every write of the replicas in the release namespaces, checked against the shard Leases' history in
     the audit log: it must come from the replica that last wrote its shard's Lease (taken or renewed), less
@@ -185,6 +186,7 @@ def test_a_replica_lost_mid_release_hands_its_shard_over_and_every_release_compl
     Lease, its connections open, then let go on (SIGCONT): back, it finds its Lease taken, stops the shard
     without another write, and joins as a member again."""
     namespaces, system = spread
+    assert isinstance(cluster, LocalCluster)  # spread skips on any other cluster
     since = now()
     replicas = start_replicas(cluster, namespaces, system, tmp_path)
     try:

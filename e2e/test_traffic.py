@@ -18,7 +18,8 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -173,9 +174,13 @@ def test_the_canary_share_of_answered_requests_follows_each_batch(
             gr("web", targetRef={"name": "web"}, targetVersion="v2", batches=batches, trafficRouting=routing),
         )
         for k, (_, weight) in enumerate(plan, start=1):
-            wait_for(lambda k=k: live_batch(cluster, namespace, k), 90, f"batch {k} live")
+            wait_for(partial(live_batch, cluster, namespace, k), 90, f"batch {k} live")
             if "gatewayAPI" in routing:
-                wait_for(lambda w=weight: route_weight(cluster, namespace) == w, 10, f"route weight {weight}")
+
+                def at_weight(w: int = weight) -> bool:
+                    return route_weight(cluster, namespace) == w
+
+                wait_for(at_weight, 10, f"route weight {weight}")
                 expected = float(weight)
                 before = after = {}
             else:
@@ -281,7 +286,7 @@ def write_after(cluster: LocalCluster, namespace: str, t0: float, resource: str,
 final_none = Record(scheduled=0, sent=0, latency=None, status=None, error=None, pod=None, image=None)
 
 
-def is_canary(version: str) -> Any:
+def is_canary(version: str) -> Callable[[Record], bool]:
     image = canary_image(version)
     return lambda r: r.image == image
 
@@ -323,11 +328,11 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             wait_for(lambda: live_batch(cluster, namespace, 1), 90, f"abort {i + 1}: batch 1 live")
             canary = is_canary(version)
             seen = time.time()
-            wait_for(
-                lambda s=seen, c=canary: sum(1 for r in load.records if r.sent >= s and c(r)) >= 10,
-                30,
-                f"abort {i + 1}: canary answers",
-            )
+
+            def canary_answered(s: float = seen, c: Callable[[Record], bool] = canary) -> bool:
+                return sum(1 for r in load.records if r.sent >= s and c(r)) >= 10
+
+            wait_for(canary_answered, 30, f"abort {i + 1}: canary answers")
             watch = EndpointWatch(cluster, namespace).start() if mode == "service" else None
             time.sleep(0.3 if watch else 0)  # the watch is listening
             t0 = time.time()
@@ -342,11 +347,11 @@ def test_an_abort_under_load_cuts_the_canary_within_a_second(
             # Until no canary answer for 1.5 s: every request routed before the cut has been answered. Only
             # the records are read meanwhile: a kubectl started every 0.2 s to poll the status would take
             # the CPU the controller and the proxy need during the very cut we measure.
-            wait_for(
-                lambda c=canary: time.time() - (last(load.records, c) or final_none).sent > 1.5,
-                30,
-                "no more canary answers",
-            )
+
+            def canary_quiet(c: Callable[[Record], bool] = canary) -> bool:
+                return time.time() - (last(load.records, c) or final_none).sent > 1.5
+
+            wait_for(canary_quiet, 30, "no more canary answers")
             final = last(load.records, canary)
             assert final is not None
             annotated = write_after(cluster, namespace, t0, "greyreleases", "kubectl")

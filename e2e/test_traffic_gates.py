@@ -293,6 +293,7 @@ def test_a_bad_canary_is_rolled_back_by_the_proxys_numbers(
     print_load(run, end)
     assert run.final.get("phase") == "Failed", (run.final, controller.logs())
     assert case.metric["name"] in (run.final.get("message") or ""), run.final.get("message")
+    assert failed_at is not None  # the final phase, Failed, was seen on the way
     assert first_bad is not None and last_canary is not None, s.answered_by_image
     cut = last_canary.sent - first_bad.sent
     bad_seen = [r for r in canary if case.is_bad(r)]
@@ -300,7 +301,7 @@ def test_a_bad_canary_is_rolled_back_by_the_proxys_numbers(
         f"  users saw {len(s.failed)} failed requests ({len(bad_seen)} bad canary answers of {len(canary)}, "
         f"{s.sent} requests in all); first bad canary answer -> last canary answer {cut:.2f} s; "
         f"last canary answer {last_canary.sent - failed_at:+.2f} s from phase Failed seen"
-    )  # type: ignore[operator]
+    )
     # Every failure users saw came from the bad canary: the rollback itself failed no request.
     assert all(r.image == canary_image and r.status == 500 for r in s.failed), describe_failures(
         run, [r for r in s.failed if r.image != canary_image or r.status != 500]

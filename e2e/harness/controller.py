@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from e2e.harness.controlplane import Cluster
 from e2e.harness.process import free_port
@@ -23,10 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 CRD = ROOT / "crds" / "greyrelease.io_greyreleases.yaml"
 POLICY_CRD = ROOT / "crds" / "greyrelease.io_greyreleasepolicies.yaml"
 
+T = TypeVar("T")
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
+    """The first true value ``predicate`` returns, asked every ``interval`` seconds for ``timeout``."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = predicate()
         if last:
@@ -163,7 +166,8 @@ def release(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    return release(cluster, namespace, name).get("status") or {}
+    st: dict[str, Any] = release(cluster, namespace, name).get("status") or {}
+    return st
 
 
 def wait_phase(cluster: Cluster, namespace: str, name: str, phases: set[str], timeout: float = 60.0) -> dict[str, Any]:

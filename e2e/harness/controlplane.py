@@ -122,8 +122,10 @@ class Cluster:
             raise KubectlError(proc.returncode, cmd, proc.stdout, proc.stderr)
         return proc
 
-    def kubectl_json(self, *args: str, timeout: float = 60.0) -> Any:
-        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+    def kubectl_json(self, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+        """What ``kubectl ... -o json`` prints: one object (a ``List`` for several)."""
+        printed: dict[str, Any] = json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+        return printed
 
     def is_ready(self) -> bool:
         return kubeconfig_reachable(self.kubeconfig, self.kubectl_path)
@@ -390,7 +392,8 @@ class LocalCluster(Cluster):
 
         def probe() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{p['etcd']}/health", timeout=2) as resp:
-                return json.load(resp).get("health") == "true"
+                health: dict[str, Any] = json.load(resp)
+            return health.get("health") == "true"
 
         self._wait_healthy(proc, probe, deadline)
 

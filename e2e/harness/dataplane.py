@@ -336,7 +336,8 @@ class DataPlane:
         def ping() -> bool:
             self.check_alive()
             with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ping", timeout=1) as resp:
-                return resp.status == 200
+                code: int = resp.status
+            return code == 200
 
         wait_until(ping, max(deadline - time.monotonic(), 0.1), "Traefik's /ping", 0.1)
 

@@ -267,7 +267,8 @@ class PrometheusStack:
             proc.check_alive()
             try:
                 with urllib.request.urlopen(url, timeout=1) as resp:
-                    return resp.status == 200
+                    code: int = resp.status
+                return code == 200
             except OSError:
                 return False
 

@@ -72,7 +72,7 @@ def one(cluster: Any, kube: Any, tree: Path, label: str, n: int, traced: bool, w
         time.sleep(5)
         started = memory(proc.pid)
         gr = path("greyrelease.io", "v1", "greyreleases", ns)
-        batches = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
+        batches: list[dict[str, Any]] = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
         parallel(lambda name: kube.create(gr, release(name, "v2", batches)), names)
 
         def done() -> bool:

@@ -96,15 +96,22 @@ class ProcStats:
         self._stop.set()
 
 
-def api_counts(
-    kube: KubeClient, family_name: str = "apiserver_request", suffix: str = "_total"
-) -> Counter[tuple[str, str]]:
+#: A per-request series of the API server by (verb, resource): counts of requests, or sums of seconds.
+Totals = dict[tuple[str, str], float]
+
+
+def grown(after: Totals, before: Totals) -> Totals:
+    """What each total grew by between two readings (a total absent before had grown from 0)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def api_counts(kube: KubeClient, family_name: str = "apiserver_request", suffix: str = "_total") -> Totals:
     """apiserver_request_total by (verb, resource), for the resources the controller uses (or another
     per-request series of the API server, e.g. the sum of apiserver_request_duration_seconds)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     resp = kube._pool.request("GET", kube.host + "/metrics", headers=kube._headers())
-    counts: Counter[tuple[str, str]] = Counter()
+    counts: Totals = {}
     for family in text_string_to_metric_families(resp.data.decode()):
         if family.name != family_name:
             continue
@@ -117,7 +124,8 @@ def api_counts(
             if labels["resource"] == "deployments" and labels.get("subresource") == "status":
                 continue  # the Deployment controller's status updates
             resource = labels["resource"] + ("/status" if labels.get("subresource") == "status" else "")
-            counts[(labels["verb"], resource)] += s.value
+            key = (labels["verb"], resource)
+            counts[key] = counts.get(key, 0.0) + s.value
     return counts
 
 
@@ -163,7 +171,7 @@ class ServiceWatch(threading.Thread):
             self._resp.release_conn()
 
 
-def api_latency(kube: KubeClient) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+def api_latency(kube: KubeClient) -> tuple[Totals, Totals]:
     """The API server's own request durations: (sum of seconds, count) by (verb, resource)."""
     name = "apiserver_request_duration_seconds"
     return api_counts(kube, name, "_sum"), api_counts(kube, name, "_count")
@@ -236,8 +244,10 @@ def settled(kube: KubeClient, ns: str, deployments: int) -> bool:
     pods = kube.list(path("", "v1", "pods", ns))
 
     def rolled_out(d: dict[str, Any]) -> bool:
-        want, st = d["spec"].get("replicas", 1), d.get("status") or {}
-        return st.get("readyReplicas", 0) == st.get("updatedReplicas", 0) == st.get("replicas", 0) == want
+        want: int = d["spec"].get("replicas", 1)
+        st = d.get("status") or {}
+        counts: tuple[int, int, int] = (st.get("readyReplicas", 0), st.get("updatedReplicas", 0), st.get("replicas", 0))
+        return counts == (want, want, want)
 
     return (
         len(items) == deployments
@@ -393,7 +403,7 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         latency0 = api_latency(kube)
         started = datetime.now(UTC)
         t0 = time.time()
-        batches = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
+        batches: list[dict[str, Any]] = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
         parallel(lambda name: kube.create(gr_path, release(name, "v2", batches)), names)
 
         def finished() -> bool:
@@ -463,14 +473,14 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
         aborts = [watch.narrowed[h] - written[h] for h in held]
         wait(lambda: sum(1 for g in kube.list(gr_path) if g["status"]["phase"] == "Aborted") == m, 900, "aborted", 2)
 
-        delta = counts1 - counts0
-        delta[("POST", "greyreleases")] -= n  # the benchmark's own creates
+        delta = grown(counts1, counts0)
+        delta[("POST", "greyreleases")] = delta.get(("POST", "greyreleases"), 0.0) - n  # the benchmark's own creates
         per_release = {f"{verb} {res}": round(v / n, 2) for (verb, res), v in sorted(delta.items()) if v > 0}
-        seconds, calls = latency1[0] - latency0[0], latency1[1] - latency0[1]
+        seconds, calls = grown(latency1[0], latency0[0]), grown(latency1[1], latency0[1])
         api_ms = {}
         for (verb, res), count in sorted(calls.items()):
             if count >= n and verb in WRITES | {"GET"}:
-                api_ms[f"{verb} {res}"] = round(1000 * seconds[(verb, res)] / count, 1)
+                api_ms[f"{verb} {res}"] = round(1000 * seconds.get((verb, res), 0.0) / count, 1)
         return {
             "n": n,
             "phases": dict(phases),

@@ -142,7 +142,7 @@ def run_shards(
         cpu0 = sum(s.cpu() for s in stats)
         started = datetime.now(UTC)
         t0 = time.time()
-        batches = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
+        batches: list[dict[str, Any]] = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
 
         def create(item: tuple[str, str]) -> None:
             body = release(item[1], "v2", batches)

@@ -140,7 +140,7 @@ def soak(cluster: Any, kube: KubeClient, n: int, minutes: float, workdir: Path) 
     stats = ProcStats(proc.pid)
     series = RssSeries(stats)
     rounds: list[dict[str, Any]] = []
-    batches = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
+    batches: list[dict[str, Any]] = [{"replicas": 1, "pause": "2s"}, {"replicas": 2}]
     try:
         time.sleep(5)
         series.start()
@@ -148,10 +148,14 @@ def soak(cluster: Any, kube: KubeClient, n: int, minutes: float, workdir: Path) 
         while series.points == [] or series.points[-1][0] < minutes * 60 or not rounds:
             version += 1
             target, started = f"v{version}", time.monotonic()
-            if version == 2:
-                parallel(lambda name, t=target: kube.create(gr_path, release(name, t, batches)), names)
-            else:
-                parallel(lambda name, t=target: kube.patch(f"{gr_path}/{name}", {"spec": {"targetVersion": t}}), names)
+
+            def create(name: str, t: str = target) -> dict[str, Any]:
+                return kube.create(gr_path, release(name, t, batches))
+
+            def retarget(name: str, t: str = target) -> dict[str, Any]:
+                return kube.patch(f"{gr_path}/{name}", {"spec": {"targetVersion": t}})
+
+            parallel(create if version == 2 else retarget, names)
 
             def done(target: str = target) -> bool:
                 items = kube.list(gr_path)

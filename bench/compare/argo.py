@@ -10,7 +10,7 @@ from typing import Any
 
 from e2e.harness.controlplane import LocalCluster
 from e2e.harness.process import free_port
-from greyrelease.kube.client import KubeClient, path
+from greyrelease.kube.client import KubeClient, Ref, path
 
 from bench.compare.cluster import APP, ROOT, Shape, cache_dir, ingress, service, template
 from bench.compare.contender import DEADLINE, PAUSE, Contender
@@ -99,7 +99,7 @@ class ArgoContender(Contender):
     def cutting_write(self, resource: str, name: str, canary_sets: dict[str, str]) -> str | None:
         return canary_sets.get(name) if resource == "replicasets" else None  # the canary scaled to 0
 
-    def collection(self, ns: str) -> str:
+    def collection(self, ns: str) -> Ref:
         return path("argoproj.io", "v1alpha1", "rollouts", ns)
 
     def progress(self, obj: dict[str, Any]) -> Progress | None:

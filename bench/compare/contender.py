@@ -12,7 +12,7 @@ from typing import Any
 from e2e.harness.controlplane import LocalCluster
 from e2e.harness.process import free_port
 from e2e.harness.reliability import parse_time
-from greyrelease.kube.client import KubeClient, path
+from greyrelease.kube.client import KubeClient, Ref, path
 
 from bench.compare.cluster import APP, ROOT, Shape, ingress, service, template
 from bench.compare.probes import Progress, Tracker
@@ -62,7 +62,7 @@ class Contender:
     def abort(self, kube: KubeClient, ns: str, name: str) -> None:
         raise NotImplementedError
 
-    def collection(self, ns: str) -> str:
+    def collection(self, ns: str) -> Ref:
         raise NotImplementedError
 
     def progress(self, obj: dict[str, Any]) -> Progress | None:
@@ -156,7 +156,7 @@ class GreyReleaseContender(Contender):
         kube.delete(release)
         wait(lambda: kube.get(release) is None, 60, f"GreyRelease {name} deleted", 0.5)
 
-    def collection(self, ns: str) -> str:
+    def collection(self, ns: str) -> Ref:
         return path("greyrelease.io", "v1", "greyreleases", ns)
 
     def progress(self, obj: dict[str, Any]) -> Progress | None:

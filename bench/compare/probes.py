@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from e2e.harness.controlplane import LocalCluster
 from e2e.harness.reliability import audited_writes
-from greyrelease.kube.client import KubeClient
+from greyrelease.kube.client import KubeClient, Ref
 
 from bench import audit
 from bench.compare.cluster import NGINX
@@ -35,7 +35,7 @@ class Watch(threading.Thread):
     (the listed ones as ADDED); starts over from a new list when the watch ends or expires."""
 
     def __init__(
-        self, kube: KubeClient, collection: str, on_event: Callable[[str, dict[str, Any], float], None]
+        self, kube: KubeClient, collection: Ref, on_event: Callable[[str, dict[str, Any], float], None]
     ) -> None:
         super().__init__(daemon=True)
         self.kube = kube

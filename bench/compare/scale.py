@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.controlplane import LocalCluster
-from greyrelease.kube.client import KubeClient, path
+from greyrelease.kube.client import KubeClient, Ref, path
 
 from bench import audit
 from bench.compare.cluster import canary_pods, drop_namespace, new_namespace, pods_settled
@@ -122,7 +122,7 @@ class SizeRun:
         # The waits below were sized on N <= 1,000; larger runs get longer in proportion.
         self.scale = max(1.0, self.n / 1000)
 
-    def watch(self, collection: str, on_event: Callable[[str, dict[str, Any], float], None]) -> None:
+    def watch(self, collection: Ref, on_event: Callable[[str, dict[str, Any], float], None]) -> None:
         w = Watch(self.kube, collection, on_event)
         w.start()
         w.listed.wait(30)

@@ -44,6 +44,13 @@ def gr_cmd(cluster: Cluster, *args: str, check: bool = True, timeout: float = 30
     return proc
 
 
+def _interruptible() -> None:
+    """In the child before it runs: SIGINT as a terminal's Ctrl-C finds it. A process started with SIGINT
+    ignored (a background job of a non-interactive shell, and so everything it starts) passes that on,
+    and Python then installs no KeyboardInterrupt handler: the watch would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def gr_watch(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [cluster.kubectl_path, "gr", "status", "-w", *args],
@@ -51,6 +58,7 @@ def gr_watch(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=plugin_env(cluster),
+        preexec_fn=_interruptible,
     )
 
 

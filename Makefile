@@ -63,8 +63,9 @@ deps: venv system-deps binaries
 crds: venv
 	$(PY) -m greyrelease crd -d crds
 
-# Format (ruff format --check), lint (ruff), types (mypy --strict on the package) and layers (import-linter:
-# each package imports only those below it, the pure ones no I/O library). Configured in pyproject.toml.
+# Format (ruff format --check), lint (ruff), types (mypy --strict on the package, tests/, e2e/ and bench/)
+# and layers (import-linter: each package imports only those below it, the pure ones no I/O library).
+# Configured in pyproject.toml.
 check: venv
 	$(VENV)/bin/ruff format --check greyrelease tests e2e bench
 	$(VENV)/bin/ruff check greyrelease tests e2e bench

@@ -18,4 +18,8 @@ and what the tests, the demo and bench/ drive on it:
 - load: an open-loop HTTP load at a fixed rate, every request recorded
 - reliability: the API server's audit log read back, a late Prometheus, a controller killed at random
 - hostile_inputs: bad GreyReleases and what must happen to each (python -m e2e.harness.hostile_inputs)
+- responder_client: the responder driven from a test over its stdin/stdout protocol, no cluster needed
+- gitops: a directory of manifests applied as Argo CD or Flux apply it, re-applied in a loop (selfHeal),
+  with their drift check
+- hpa: the HorizontalPodAutoscaler's writes, through the scale subresource under its service account
 """

@@ -18,12 +18,15 @@ from greyrelease.api.release import GreyReleaseStatus
 
 @dataclass(frozen=True)
 class EnsureCanary:
-    """The canary Deployment exists, is built from the stable template with ``image``, and has
-    ``replicas`` replicas."""
+    """The canary Deployment exists with ``replicas`` replicas, built (pinned mode) from the stable template
+    with ``image``, or (follow mode, ``template`` set) from the Deployment's ``spec.template`` as written:
+    the held template whose digest is ``template``. When the Deployment holds another template by then,
+    nothing is built: the next pass plans again from what it holds."""
 
     replicas: int
-    image: str
-    version: str
+    image: str = ""
+    version: str = ""
+    template: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,32 @@ class RemoveAnnotations:
 
 
 @dataclass(frozen=True)
+class Enrol:
+    """Follow mode: the target Deployment carries the label ``greyrelease.io/release: <release>``, so the
+    admission webhook holds its new pod templates."""
+
+    release: str
+
+
+@dataclass(frozen=True)
+class Unenrol:
+    """Follow mode: the target Deployment no longer carries ``greyrelease.io/release: <release>`` (a label
+    with another value is not ours and is left)."""
+
+    release: str
+
+
+@dataclass(frozen=True)
+class ReleaseHold:
+    """Follow mode: the target Deployment's hold of template ``digest`` is lifted (``spec.paused`` and
+    ``greyrelease.io/held`` removed, in one JSON patch under the field manager ``greyrelease``, which the
+    webhook lets through); the Deployment controller rolls the template itself. Nothing is done when the
+    Deployment holds no template or another one (the patch's ``test`` refuses that too)."""
+
+    digest: str
+
+
+@dataclass(frozen=True)
 class TakeSlot:
     """This release holds a slot of the queue whose slots the Lease ``lease`` (namespace/name) keeps, of
     which there are ``limit``. Taken with a write the API server arbitrates: when the slots are all held
@@ -112,9 +141,16 @@ Action = (
     | RestoreStableSelector
     | ResetRouting
     | RemoveAnnotations
+    | Enrol
+    | Unenrol
+    | ReleaseHold
     | TakeSlot
     | FreeSlot
 )
+
+#: The actions that write the stable Deployment's spec.replicas or spec.template: never planned in follow
+#: mode, where the only field of the Deployment the release writes is spec.paused (:class:`ReleaseHold`).
+WRITES_STABLE_SPEC = (ScaleStable, SetStableImage)
 
 
 @dataclass(frozen=True)

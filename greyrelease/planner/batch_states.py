@@ -19,7 +19,7 @@ from greyrelease.api.release import (
     fmt_time,
 )
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import EnsureCanary, RemoveAnnotations, ScaleStable
+from greyrelease.planner.actions import RemoveAnnotations, ScaleStable
 from greyrelease.planner.batches import MANUAL, Approval
 from greyrelease.planner.passes import CONVERGE_POLL, ENDPOINTS_POLL, GO_ON, WAIT, Batch, Pass, Then, paused
 from greyrelease.planner.promotion import start_promotion
@@ -32,17 +32,18 @@ def upscale(p: Pass, b: Batch) -> Then:
     st, step, target = p.status, b.step, b.target
     k = step.number
     canary = p.world.canary
-    if canary is None or canary.deleting or not canary.rolled_out(step.canary_replicas, b.image):
-        have = 0 if canary is None or canary.image != b.image else min(canary.ready, canary.updated)
+    if canary is None or canary.deleting or not (b.built(canary) and canary.converged(step.canary_replicas)):
+        have = 0 if canary is None or not b.built(canary) else min(canary.ready, canary.updated)
         deadline = p.deadline(st.batch_times.started_at)
         if p.now >= deadline:
             return deadline_passed(p, f"{b.label}: {have}/{step.canary_replicas} canary pods ready")
-        # Until the new canary pods are ready the stable keeps the size of the batch before, so ready
-        # pods never fall below what the user asked for.
-        stable_before = b.steps[k - 2].stable_replicas if k > 1 else st.restore.replicas or step.stable_replicas
-        p.act(EnsureCanary(replicas=step.canary_replicas, image=b.image, version=p.version))
-        if target.replicas != stable_before:
-            p.act(ScaleStable(stable_before))
+        p.act(b.ensure_canary(step.canary_replicas, p.version))
+        if not p.follow:
+            # Until the new canary pods are ready the stable keeps the size of the batch before, so ready
+            # pods never fall below what the user asked for. (Follow mode never scales the stable.)
+            stable_before = b.steps[k - 2].stable_replicas if k > 1 else st.restore.replicas or step.stable_replicas
+            if target.replicas != stable_before:
+                p.act(ScaleStable(stable_before))
         # The message does not count ready pods: it would cost a status write per pod.
         p.set(message=f"{b.label}: waiting for {step.canary_replicas} canary pods to be ready")
         p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
@@ -63,14 +64,15 @@ def upscale(p: Pass, b: Batch) -> Then:
 def _go_live(p: Pass, b: Batch) -> Then:
     """The canary is ready: the stable takes the batch's size and the canary the batch's traffic."""
     step, target = b.step, b.target
-    if target.replicas > step.stable_replicas and p.recorded.restore.replicas is None:
-        # The stable's size before the release is known only from the status once that is written. A
-        # controller killed after shrinking the stable but before the write would, on resuming, take the
-        # shrunk size for the original and promote to it: the first shrink waits for the next pass.
-        p.again(0)
-        return WAIT
-    if target.replicas != step.stable_replicas:
-        p.act(ScaleStable(step.stable_replicas))
+    if not p.follow:
+        if target.replicas > step.stable_replicas and p.recorded.restore.replicas is None:
+            # The stable's size before the release is known only from the status once that is written. A
+            # controller killed after shrinking the stable but before the write would, on resuming, take the
+            # shrunk size for the original and promote to it: the first shrink waits for the next pass.
+            p.again(0)
+            return WAIT
+        if target.replicas != step.stable_replicas:
+            p.act(ScaleStable(step.stable_replicas))
     p.set_weight(step.weight, step.header_match)
     pause = float(step.pause) if isinstance(step.pause, (int, float)) else None
     next_check = p.now + timedelta(seconds=pause) if pause is not None else None
@@ -271,6 +273,25 @@ def on_pause(p: Pass, b: Batch) -> Then:
         p.times(started_at=p.now)
     p.again(0)
     return WAIT
+
+
+def follow_size(p: Pass, b: Batch) -> None:
+    """Follow mode, a batch whose canary exists: the canary is the batch's share of the stable's size now,
+    up and down (an HPA's or Git's change of the stable's replicas, read every pass), and the status says
+    so. (While Upscaling, :func:`upscale` asks for that size itself.)"""
+    canary, step, st = p.world.canary, b.step, p.status
+    if canary is None or canary.deleting:
+        return
+    if canary.replicas != step.canary_replicas:
+        p.act(b.ensure_canary(step.canary_replicas, p.version))
+    if st.batch_times.ready_at is None:
+        return  # not live yet: the sizes recorded are the batch's once it is
+    if (st.canary_replicas, st.stable_replicas, st.canary_weight) != (
+        step.canary_replicas,
+        step.stable_replicas,
+        step.weight,
+    ):
+        p.set(canary_replicas=step.canary_replicas, stable_replicas=step.stable_replicas, canary_weight=step.weight)
 
 
 def canary_lost(p: Pass, b: Batch) -> Then:

@@ -16,7 +16,9 @@ all its replicas, so an abort can send everything back to it at once.
 In follow mode (no ``targetVersion``) the stable is never scaled: it keeps all its replicas in every mode,
 ``total`` is its size now (the HPA's or Git's, read every pass), and where traffic follows the replica
 ratio the canary's share is canary / (stable + canary): a batch of 100% of the replicas gets 50%. The
-promotion (the Deployment rolling the held template itself) does the rest.
+promotion (the Deployment rolling the held template itself) does the rest. That share is also the weight
+of a batch that sets none in the nginx and Gateway API modes (a canary pod then carries a stable pod's
+load); their last batch has all the traffic, as in pinned mode.
 """
 
 from __future__ import annotations

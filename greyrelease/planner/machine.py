@@ -19,6 +19,16 @@ The state is the phase and, while a batch is under way (Progressing, Paused; Wai
     RollingBack ──> Aborted | Failed ──(retry, or a new targetVersion)──> start again
     a new targetVersion mid-release: traffic back to the stable ──> Initializing ──> batch 1 of the new version
 
+Follow mode (no targetVersion: every new pod template of the Deployment, held at admission, is released)::
+
+    (start: enrol) ──> Idle ──(a held template that differs from the stable's)──> Waiting | Queued | batch 1
+    batch 1..N (a canary from the held template, sized from the stable's replicas now) ──> Promoting (the
+        hold released; the Deployment controller rolls; the canary keeps its traffic) ──> Succeeded
+    abort, failed gate, deadline ──> RollingBack ──> Aborted | Failed, the template still held (Stalled)
+        ──(retry: batch 1 again; promote=full: Promoting without a canary; a new template: a new release)
+    a new template mid-release: Superseded ──> Initializing ──> batch 1 of it
+    a revert (the template held is the stable's): RollingBack (when started) ──> Idle, the hold released
+
 Each (phase, batchState) has one handler in :data:`HANDLERS` (a unit test checks this table against it)::
 
     phase          batchState           handler       what it waits for, and where it goes then
@@ -43,18 +53,23 @@ Each (phase, batchState) has one handler in :data:`HANDLERS` (a unit test checks
     Paused         Done                 on_pause      (the same)
     Promoting      -                    promote       the stable on the target, then the canary gone -> Succeeded
     RollingBack    -                    rolling_back  the stable restored, then the canary gone -> Aborted/Failed
-    Succeeded      -                    finished      nothing (a retry or a new version is a request, below)
-    Aborted        -                    finished      (the same)
+    Succeeded      -                    finished      nothing (a retry or a new version is a request, below);
+                                                      follow mode: a new template held -> start
+    Aborted        -                    finished      (the same; follow mode: the template stays held until a
+                                                      new one, a revert, a retry or promote=full)
     Failed         -                    finished      (the same)
-    Idle           -                    finished      (follow mode) a held template that differs from the stable's
+    Idle           -                    finished      (follow mode) a held template that differs from the
+                                                      stable's -> start
 
 A handler plans what its state needs and either waits (for pods, a timer, an annotation: the pass ends)
 or moves to another state and lets that state's handler go on in the same pass, against the world as the
 actions planned so far leave it (:func:`~greyrelease.planner.observed.project`), never against the actions
 themselves. A pass verifies at most one batch: once a finished batch's successor is live, the pass ends and
 the next one looks again at once. Requests that cut across the states (a new targetVersion, a retry, an
-abort) are looked at first (:mod:`.requests`); a deletion restores the app through the same path as a
-rollback (:mod:`.rollback`).
+abort; in follow mode a new template or a revert) are looked at first (:mod:`.requests`); a deletion
+restores the app through the same path as a rollback (:mod:`.rollback`). In follow mode the same states and
+handlers run, with what differs in the handlers: the canary built from the held template and sized from the
+stable's replicas every pass, the stable never scaled nor rolled by the release (:mod:`.follow`).
 
 What a handler needs before it can run, it declares in :data:`HANDLERS` (:class:`Plain`, :class:`NeedsTarget`,
 :class:`NeedsBatch`), and the dispatcher checks it first, in one place for every state: the target gone is a
@@ -64,8 +79,9 @@ for pauses the batch, a live batch's canary deleted grows the batch again. The h
 
 The handlers, by concern: :mod:`.start` (starting), :mod:`.waits` (what governance makes a release wait for),
 :mod:`.batch_states` (a batch under way), :mod:`.promotion`, :mod:`.rollback` (and deletion),
-:mod:`.requests`; what they share is :mod:`.passes` (one pass: the status being built, the world projected
-forward, the actions planned) and :mod:`.observed` (what the cluster looks like).
+:mod:`.requests`, :mod:`.rest` (the phases a release rests in); what they share is :mod:`.passes` (one pass:
+the status being built, the world projected forward, the actions planned), :mod:`.observed` (what the
+cluster looks like) and :mod:`.follow` (a followed Deployment).
 """
 
 from __future__ import annotations
@@ -84,7 +100,7 @@ from greyrelease.api.release import (
 )
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import FreeSlot, Plan
-from greyrelease.planner.batch_states import between, canary_lost, on_pause, pause, upscale, verify
+from greyrelease.planner.batch_states import between, canary_lost, follow_size, on_pause, pause, upscale, verify
 from greyrelease.planner.batches import PlanError
 from greyrelease.planner.images import target_image
 from greyrelease.planner.invalid import invalid
@@ -103,6 +119,7 @@ from greyrelease.planner.passes import (
 )
 from greyrelease.planner.promotion import promote
 from greyrelease.planner.requests import aborting, request
+from greyrelease.planner.rest import finished
 from greyrelease.planner.rollback import delete, roll_back, rolling_back
 from greyrelease.planner.start import start
 
@@ -218,6 +235,8 @@ class NeedsBatch:
         b = _batch(p)
         if isinstance(b, Then):
             return b
+        if p.follow and not (p.status.phase == Phase.PROGRESSING and p.status.batch_state == BatchState.UPSCALING):
+            follow_size(p, b)
         if self.moves:
             if paused(p.spec, p.world):
                 return pause(p, b)
@@ -250,6 +269,14 @@ def _batch(p: Pass) -> Batch | Then:
     canary = p.world.canary
     if canary is not None and p.world.own_canary is None:
         return roll_back(p, Phase.FAILED, R.CANARY_CONFLICT, f"Deployment {canary.name!r} is not owned by this release")
+    if p.follow:
+        # The batches are of the stable's size now (an HPA's or Git's): computed again every pass.
+        try:
+            steps = p.steps(target.replicas)
+        except PlanError as err:
+            return invalid(p, str(err))
+        k = min(max(st.current_batch, 1), len(steps))
+        return Batch(target, steps, steps[k - 1], "", template=st.restore.template or target.digest)
     assert st.restore.replicas is not None and st.restore.image is not None
     try:
         steps = p.steps(st.restore.replicas)
@@ -263,11 +290,6 @@ def _count(p: Pass, b: Batch) -> None:
     """The batch numbers in the status follow the plan (the spec may have been edited)."""
     if (p.status.total_batches, p.status.current_batch) != (len(b.steps), b.step.number):
         p.set(total_batches=len(b.steps), current_batch=b.step.number)
-
-
-def finished(p: Pass) -> Then:
-    """Succeeded, Aborted, Failed: nothing to do until the spec or an annotation changes."""
-    return WAIT
 
 
 #: The handler of each (phase, batchState), and what it needs. A state missing here is a bug (KeyError).

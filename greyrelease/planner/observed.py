@@ -13,19 +13,43 @@ from greyrelease.analysis.verdicts import Check
 from greyrelease.planner.actions import (
     Action,
     DeleteCanary,
+    Enrol,
     EnsureCanary,
+    ReleaseHold,
     RemoveAnnotations,
     ScaleStable,
     SetStableImage,
+    Unenrol,
 )
 from greyrelease.planner.governance import Predecessor, Queue, Rules
 
 _T = TypeVar("_T")
 
+#: The images of a pod template: (container, image) for each container, in order.
+Images = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ReplicaSet:
+    """Follow mode: the ReplicaSet of the Deployment's current revision, whose pods are the stable while a
+    new template is held (a paused Deployment makes no new ReplicaSet, so it stays the same one)."""
+
+    name: str
+    template_hash: str = ""  # its pod-template-hash label
+    digest: str = ""  # the digest of its pod template, as greyrelease.io/held counts it
+    images: Images = ()
+    revision: str = ""  # deployment.kubernetes.io/revision
+
 
 @dataclass(frozen=True)
 class Workload:
-    """What the planner needs to know of a Deployment (built from the object by the adapter)."""
+    """What the planner needs to know of a Deployment (built from the object by the adapter).
+
+    Follow mode reads more of the target: whether it is paused and holds a template (``held``, the value of
+    ``greyrelease.io/held``), the digest and images of its ``spec.template`` as it is now, the enrolment
+    label, and the ReplicaSet its pods run (``stable``); of the canary, which template it was built from
+    (``source``). Rollout progress is in the counts (``total`` counts the pods of every ReplicaSet, so
+    ``total > updated`` means old pods remain)."""
 
     name: str
     uid: str = ""
@@ -42,17 +66,46 @@ class Workload:
     template_hash: str = ""  # pod-template-hash of the current ReplicaSet
     owner_uid: str = ""  # uid of the controlling owner, if any
     deleting: bool = False
+    paused: bool = False  # spec.paused
+    held: str = ""  # the annotation greyrelease.io/held: the digest of the template held
+    digest: str = ""  # the digest of spec.template as it is now
+    images: Images = ()  # the images of spec.template as it is now
+    enrolled: str = ""  # the label greyrelease.io/release: the release that follows it
+    source: str = ""  # a canary: the digest of the template it was built from (follow mode)
+    stable: ReplicaSet | None = None  # follow mode: the ReplicaSet its pods run
 
-    def rolled_out(self, replicas: int, image: str) -> bool:
-        """All ``replicas`` pods run ``image`` and are ready, and no old pod is left."""
+    @property
+    def is_held(self) -> bool:
+        """Paused with a template held by the admission webhook (``greyrelease.io/held``)."""
+        return self.paused and bool(self.held)
+
+    def converged(self, replicas: int) -> bool:
+        """All ``replicas`` pods of the current template are ready, and no old pod is left."""
         return (
             self.observed_generation >= self.generation
-            and self.image == image
             and self.replicas == replicas
             and self.updated >= replicas
             and self.ready >= replicas
             and self.available >= replicas
             and self.total == replicas
+        )
+
+    def rolled_out(self, replicas: int, image: str) -> bool:
+        """All ``replicas`` pods run ``image`` and are ready, and no old pod is left."""
+        return self.image == image and self.converged(replicas)
+
+    def rolled_out_template(self, digest: str) -> bool:
+        """Follow mode: not paused, its template is ``digest``, and the Deployment controller has rolled it
+        to every replica it has now (whatever an HPA made of them): all updated and available, no pod of an
+        older ReplicaSet left."""
+        return (
+            not self.paused
+            and self.digest == digest
+            and self.observed_generation >= self.generation
+            and self.updated >= self.replicas
+            and self.ready >= self.replicas
+            and self.available >= self.replicas
+            and self.total <= self.updated
         )
 
     def settling(self) -> bool:
@@ -80,6 +133,7 @@ class Observed:
     uid: str = ""
     deleting: bool = False
     deletion_started: datetime | None = None
+    name: str = ""  # the release's name (follow mode enrols its Deployment with it)
     routing_error: str = ""  # the router cannot work with what it found (e.g. a Service is missing)
     #: The canary pods the proxy can send to (ready endpoints of the canary Service): read only while
     #: a batch's canary grows, and only in the modes that route through a canary Service; else None.
@@ -114,6 +168,9 @@ def project(world: Observed, action: Action) -> Observed:
     """The world as a later state of the same pass sees it once ``action`` is applied: Deployment specs
     and annotations change at once, pods do not (they are the ones observed)."""
     match action:
+        case EnsureCanary(replicas=r, template=template) if template:
+            canary = world.canary or Workload(name="", owner_uid=world.uid, observed_generation=0)
+            return _evolve(world, canary=canary.respec(replicas=r, source=template))
         case EnsureCanary(replicas=r, image=image):
             canary = world.canary or Workload(name="", owner_uid=world.uid, observed_generation=0)
             return _evolve(world, canary=canary.respec(replicas=r, image=image))
@@ -124,6 +181,12 @@ def project(world: Observed, action: Action) -> Observed:
         case DeleteCanary() if world.canary is not None:
             # Deleted in the foreground: the object stays, marked, until its pods are gone.
             return _evolve(world, canary=_evolve(world.canary, deleting=True))
+        case ReleaseHold(digest=digest) if world.target is not None and world.target.held == digest:
+            return _evolve(world, candidates=(world.target.respec(paused=False, held=""),))
+        case Enrol(release=release) if world.target is not None:
+            return _evolve(world, candidates=(_evolve(world.target, enrolled=release),))
+        case Unenrol(release=release) if world.target is not None and world.target.enrolled == release:
+            return _evolve(world, candidates=(_evolve(world.target, enrolled=""),))
         case RemoveAnnotations(keys=keys):
             return _evolve(world, annotations={k: v for k, v in world.annotations.items() if k not in keys})
     # Routing actions change nothing the planner observes.

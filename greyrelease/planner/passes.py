@@ -17,15 +17,19 @@ from greyrelease.api.release import (
     BatchState,
     BatchTimes,
     Condition,
+    ContainerImage,
     GreyReleaseSpec,
     GreyReleaseStatus,
+    LastRelease,
     MetricStatus,
+    Outcome,
     Phase,
 )
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import Action, Event, Plan, PrepareRouting, SetWeight
+from greyrelease.planner.actions import Action, EnsureCanary, Event, Plan, PrepareRouting, SetWeight
 from greyrelease.planner.batches import Step, expand
-from greyrelease.planner.observed import Observed, Workload, project
+from greyrelease.planner.images import label_value, target_image
+from greyrelease.planner.observed import Images, Observed, Workload, project
 
 #: How long to wait for a change before looking again while something converges. Deployment watch
 #: events wake the release sooner; this is only the safety net.
@@ -57,11 +61,22 @@ class Batch:
     target: Workload
     steps: list[Step]
     step: Step
-    image: str  # the target version's image
+    image: str  # pinned mode: the target version's image
+    template: str = ""  # follow mode: the digest of the held template being released
 
     @property
     def label(self) -> str:
         return f"batch {self.step.number}/{len(self.steps)}"
+
+    def built(self, canary: Workload) -> bool:
+        """Whether ``canary`` is built from what this release releases (the image, or the held template)."""
+        return canary.source == self.template if self.template else canary.image == self.image
+
+    def ensure_canary(self, replicas: int, version: str) -> EnsureCanary:
+        """The action that makes the canary this release's, at ``replicas``."""
+        if self.template:
+            return EnsureCanary(replicas=replicas, template=self.template)
+        return EnsureCanary(replicas=replicas, image=self.image, version=version)
 
 
 class Pass:
@@ -85,6 +100,36 @@ class Pass:
     def version(self) -> str:
         """Pinned mode: ``spec.targetVersion``; "" in follow mode, which releases templates, not versions."""
         return self.spec.target_version or ""
+
+    @property
+    def follow(self) -> bool:
+        """Follow mode: the release of every new template of the Deployment (no targetVersion)."""
+        return self.spec.follows
+
+    @property
+    def label(self) -> str:
+        """Follow mode: the value of the enrolment label ``greyrelease.io/release`` (the release's name)."""
+        return label_value(self._world.name) or "release"
+
+    def ended(self, outcome: Outcome, message: str) -> None:
+        """The release under way ends so (``status.lastRelease``): what it released, how, why."""
+        st = self.status
+        if self.follow:
+            digest = st.restore.template or (st.held.digest if st.held else "")
+            images = list(st.held.images) if st.held and st.held.digest == digest else []
+            record = LastRelease(
+                outcome=outcome, digest=digest or None, images=images, ended_at=self.now, message=message
+            )
+        else:
+            target = self.world.target
+            restored, version = st.restore.image, st.target_version
+            image = target_image(restored, version) if restored and version else ""
+            container = target.container if target is not None else ""
+            images = [ContainerImage(name=container, image=image)] if image and container else []
+            record = LastRelease(
+                outcome=outcome, version=st.target_version or None, images=images, ended_at=self.now, message=message
+            )
+        self.set(last_release=record)
 
     def set(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -204,8 +249,21 @@ def _fresh(m: MetricStatus) -> MetricStatus:
 
 
 def started(status: GreyReleaseStatus) -> bool:
-    """Whether the release has changed anything on the cluster (its undo record is kept from then on)."""
-    return status.restore.replicas is not None
+    """Whether the release has changed anything on the cluster (its undo record is kept from then on): a
+    pinned release its stable's size, a follow-mode one its routing and canary."""
+    return status.restore.replicas is not None or status.restore.template is not None
+
+
+def container_images(images: Images) -> list[ContainerImage]:
+    return [ContainerImage(name=name, image=image) for name, image in images]
+
+
+def images_text(images: Images | list[ContainerImage]) -> str:
+    """``app=app:v2, sidecar=proxy:1`` (the image alone for a single container)."""
+    pairs = [(i.name, i.image) if isinstance(i, ContainerImage) else i for i in images]
+    if len(pairs) == 1:
+        return pairs[0][1]
+    return ", ".join(f"{name}={image}" for name, image in pairs)
 
 
 # --- conditions -------------------------------------------------------------------------------------
@@ -213,6 +271,23 @@ def started(status: GreyReleaseStatus) -> bool:
 
 def _waiting_for_approval(status: GreyReleaseStatus) -> bool:
     return status.phase == Phase.PROGRESSING and status.batch_state == BatchState.WAITING_FOR_APPROVAL
+
+
+#: kstatus (Flux's health checks, ``kubectl wait``): Reconciling True is InProgress, Stalled True is Failed,
+#: neither (with observedGeneration current) is Current. Ready is what people and Argo CD read.
+READY_PHASES = frozenset({Phase.SUCCEEDED, Phase.IDLE})
+RECONCILING_PHASES = frozenset(
+    {
+        Phase.INITIALIZING,
+        Phase.WAITING,
+        Phase.QUEUED,
+        Phase.PROGRESSING,
+        Phase.PAUSED,
+        Phase.PROMOTING,
+        Phase.ROLLING_BACK,
+    }
+)
+STALLED_PHASES = frozenset({Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC})
 
 
 def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
@@ -224,6 +299,9 @@ def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
         (R.COND_COMPLETED, phase in TERMINAL_PHASES),
         (R.COND_HEALTHY, phase not in (Phase.ROLLING_BACK, Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC)),
         (R.COND_INVALID_SPEC, phase == Phase.INVALID_SPEC),
+        (R.COND_READY, phase in READY_PHASES),
+        (R.COND_RECONCILING, phase in RECONCILING_PHASES),
+        (R.COND_STALLED, phase in STALLED_PHASES),
     ]
     old = {c.type: c for c in status.conditions}
     out: list[Condition] = []

@@ -1,13 +1,25 @@
 """Promotion: once every batch passed (or ``promote=full``), the stable Deployment rolls to the target
-version, then the canary goes and the routing is reset."""
+version, then the canary goes and the routing is reset.
+
+In follow mode the promotion is the hold released: the Deployment controller rolls the template Git already
+holds, at its own pace and to whatever size an HPA gives it, while the canary keeps its traffic; once no
+pod of the old ReplicaSet is left, the traffic goes back to the (now new) stable, the canary goes and the
+routing is reset. The Deployment is then what was applied to it."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from greyrelease.api.release import GreyReleaseSpec, Phase, Restore
+from greyrelease.api.release import GreyReleaseSpec, Outcome, Phase, Restore
+from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import DeleteCanary, ResetRouting, RestoreStableSelector, SetStableImage
+from greyrelease.planner.actions import (
+    DeleteCanary,
+    ReleaseHold,
+    ResetRouting,
+    RestoreStableSelector,
+    SetStableImage,
+)
 from greyrelease.planner.images import target_image, version_of
 from greyrelease.planner.observed import Workload
 from greyrelease.planner.passes import CONVERGE_POLL, GO_ON, WAIT, Pass, Then
@@ -22,14 +34,19 @@ def _weighted(spec: GreyReleaseSpec) -> bool:
 
 def start_promotion(p: Pass, n: int) -> Then:
     p.end_batch()
-    p.phase(Phase.PROMOTING, "rolling the stable Deployment to the target version")
+    if p.follow:
+        p.phase(Phase.PROMOTING, f"releasing the hold: the Deployment rolls template {p.status.restore.template}")
+    else:
+        p.phase(Phase.PROMOTING, "rolling the stable Deployment to the target version")
     p.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
     return GO_ON
 
 
 def promote(p: Pass, target: Workload) -> Then:
     """Promoting: the stable Deployment rolls to the target version, then the canary goes."""
-    st, spec = p.status, p.spec
+    if p.follow:
+        return _promote_following(p, target)
+    st = p.status
     assert st.restore.replicas is not None and st.restore.image is not None
     replicas = st.restore.replicas
     image = target_image(st.restore.image, p.version)
@@ -52,17 +69,9 @@ def promote(p: Pass, target: Workload) -> Then:
         p.set(message=waiting)
         p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
         return WAIT
-    if p.world.canary is not None:
-        # Traffic back to the (now promoted) stable, then the canary goes; the routing is reset only
-        # once the canary's pods are gone. In Service mode there is no weight to move: weight 0 would
-        # narrow the Service to the old stable ReplicaSet, which no longer has pods.
-        if _weighted(spec):
-            p.set_weight(0)
-        p.act(DeleteCanary())
-        p.set(message="promoted: removing the canary", canary_weight=0)
-        p.again(CONVERGE_POLL)
+    if _remove_canary(p) is WAIT:
         return WAIT
-    p.act(ResetRouting())
+    p.ended(Outcome.SUCCEEDED, f"{st.target_name} runs {image}")
     p.set(
         stable_version=version_of(image),
         canary_weight=0,
@@ -72,4 +81,53 @@ def promote(p: Pass, target: Workload) -> Then:
     )
     p.phase(Phase.SUCCEEDED, f"{st.target_name} runs {image} on {replicas} replicas")
     p.event(R.SUCCEEDED, f"released {image} to {st.target_name}")
+    return WAIT
+
+
+def _remove_canary(p: Pass) -> Then:
+    """The stable carries the release: traffic back to it, then the canary goes; the routing is reset only
+    once the canary's pods are gone (GO_ON then). In Service mode there is no weight to move: weight 0
+    would narrow the Service to the old stable ReplicaSet, which no longer has pods."""
+    if p.world.canary is not None:
+        if _weighted(p.spec):
+            p.set_weight(0)
+        p.act(DeleteCanary())
+        p.set(message="promoted: removing the canary", canary_weight=0)
+        p.again(CONVERGE_POLL)
+        return WAIT
+    p.act(ResetRouting())
+    return GO_ON
+
+
+def _promote_following(p: Pass, target: Workload) -> Then:
+    """Follow mode: the hold released, the native rollout waited for with the canary keeping its traffic
+    (no deadline of ours: the hold is gone, there is nothing to roll back to but a revert; the
+    Deployment's own progressDeadlineSeconds reports a rollout that does not progress), then the canary
+    removed and the routing reset."""
+    st = p.status
+    digest = st.restore.template or target.digest
+    if target.is_held and target.digest == digest:
+        # The stable Service's narrowing goes first (nginx, Gateway API): the stable's new pods must get
+        # traffic once the canary's is taken back.
+        p.act(RestoreStableSelector(), ReleaseHold(target.held))
+    target = p.world.target or target
+    if not target.rolled_out_template(digest):
+        # (The message counts no pods: it would cost a status write per pod.)
+        late = p.now >= p.deadline(st.phase_started_at)
+        p.set(
+            message=f"promoting: waiting for Deployment {target.name} to roll template {digest} to all its pods"
+            + (f" (slower than progressDeadlineSeconds, {p.spec.progress_deadline_seconds}s)" if late else "")
+        )
+        p.at(p.now + timedelta(seconds=CONVERGE_POLL))
+        return WAIT
+    if _remove_canary(p) is WAIT:
+        return WAIT
+    follow.record_stable(p, target)
+    p.ended(Outcome.SUCCEEDED, f"{target.name} runs template {digest}")
+    p.set(canary_weight=0, canary_replicas=0, stable_replicas=target.replicas, restore=Restore(), held=None)
+    p.phase(
+        Phase.SUCCEEDED,
+        f"{target.name} runs template {digest} ({follow.what_runs(target)}) on {target.replicas} replicas",
+    )
+    p.event(R.SUCCEEDED, f"released template {digest} to {target.name}")
     return WAIT

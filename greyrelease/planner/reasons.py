@@ -31,6 +31,13 @@ CLEANED_UP = "CleanedUp"
 WAITING = "Waiting"
 QUEUED = "Queued"
 APPROVAL_EXPIRED = "ApprovalExpired"
+# Follow mode
+ENROLLED = "Enrolled"
+HELD = "TemplateHeld"
+HOLD_RELEASED = "HoldReleased"
+SUPERSEDED = "Superseded"
+REVERTED = "Reverted"
+HANDED_BACK = "HandedBack"
 
 # Condition types (Kubernetes style: each True/False with a reason)
 COND_PROGRESSING = "Progressing"
@@ -38,3 +45,7 @@ COND_PAUSED = "Paused"
 COND_COMPLETED = "Completed"
 COND_INVALID_SPEC = "InvalidSpec"
 COND_HEALTHY = "Healthy"
+# kstatus's (Flux health checks, kubectl wait): Ready, Reconciling (in progress), Stalled (failed)
+COND_READY = "Ready"
+COND_RECONCILING = "Reconciling"
+COND_STALLED = "Stalled"

@@ -1,14 +1,23 @@
 """Rolling back, and deletion: the traffic back to the stable at once, then the app put back as it was
-before the release (the stable's image and size, the canary removed, the routing reset)."""
+before the release (the stable's image and size, the canary removed, the routing reset).
+
+In follow mode nothing of the Deployment is put back (it was never written): the canary goes, the routing
+is reset, and the template stays held (Aborted, Failed: Stalled, the message naming the ways out), unless
+it is the one that runs (a revert: the hold released, Idle). A deletion hands the Deployment back: the hold
+released (the Deployment controller then rolls the template as it is), the enrolment label removed."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from greyrelease.api.release import Phase, Restore
+from greyrelease.api.release import Outcome, Phase, Restore
+from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import DeleteCanary, ResetRouting, SetStableImage
-from greyrelease.planner.passes import CONVERGE_POLL, WAIT, Pass, Then
+from greyrelease.planner.actions import DeleteCanary, ResetRouting, SetStableImage, Unenrol
+from greyrelease.planner.passes import CONVERGE_POLL, WAIT, Pass, Then, started
+
+#: The outcome of a rollback that ends in this phase.
+OUTCOMES = {Phase.ABORTED: Outcome.ABORTED, Phase.FAILED: Outcome.FAILED, Phase.IDLE: Outcome.REVERTED}
 
 
 def deadline_passed(p: Pass, what: str) -> Then:
@@ -17,7 +26,7 @@ def deadline_passed(p: Pass, what: str) -> Then:
     return roll_back(p, Phase.FAILED, R.PROGRESS_DEADLINE, f"{what} after {seconds}s (progressDeadlineSeconds)")
 
 
-def roll_back(p: Pass, end: Phase, reason: str, message: str) -> Then:
+def roll_back(p: Pass, end: Phase, reason: str, message: str, *, warning: bool = True) -> Then:
     """Traffic to stable at once: the pass that decides it writes the weight, its Event and the status,
     nothing else. Putting the stable back and removing the canary follow in the next pass, which is not
     urgent: when many releases roll back at once (a burst of aborts), every one of them has its traffic
@@ -25,7 +34,7 @@ def roll_back(p: Pass, end: Phase, reason: str, message: str) -> Then:
     p.set_weight(0)
     p.set(canary_weight=0, end_phase=end)
     p.phase(Phase.ROLLING_BACK, message)
-    p.event(reason, message, warning=True)
+    p.event(reason, message, warning=warning)
     p.again(0)
     return WAIT
 
@@ -62,6 +71,10 @@ def rolling_back(p: Pass) -> Then:
     if not _restore(p, st.phase_started_at or p.now):
         return WAIT
     p.end_batch()
+    end = st.end_phase or Phase.FAILED
+    if p.follow:
+        return _rolled_back_following(p, end)
+    p.ended(OUTCOMES.get(end, Outcome.FAILED), st.message)
     p.set(
         canary_weight=0,
         canary_replicas=0,
@@ -69,13 +82,47 @@ def rolling_back(p: Pass) -> Then:
         restore=Restore(),
         end_phase=None,
     )
-    p.phase(st.end_phase or Phase.FAILED, f"{st.message}; stable {st.stable_version} serves all traffic")
+    p.phase(end, f"{st.message}; stable {st.stable_version} serves all traffic")
     p.event(R.ROLLED_BACK, f"rolled back: all traffic on the stable version {st.stable_version}")
+    return WAIT
+
+
+def _rolled_back_following(p: Pass, end: Phase) -> Then:
+    """Follow mode, the canary gone and the routing reset: the template stays held (Aborted, Failed), or,
+    when it is the one that runs by now (a revert), the hold is released (Idle)."""
+    st, target = p.status, p.world.target
+    why = st.message
+    if target is not None and follow.reverted(target):
+        end = Phase.IDLE
+        if st.end_phase != Phase.IDLE:
+            why = f"{why}; then Deployment {target.name} was reverted to the template it runs"
+        follow.release_hold(p, target)
+    elif end == Phase.IDLE:
+        end = Phase.FAILED if target is None else Phase.ABORTED
+    p.ended(OUTCOMES[end], why)
+    p.set(
+        canary_weight=0,
+        canary_replicas=0,
+        stable_replicas=target.replicas if target else 0,
+        restore=Restore(),
+        end_phase=None,
+    )
+    if end == Phase.IDLE:
+        assert target is not None
+        p.set(held=None)
+        p.phase(Phase.IDLE, follow.at_rest(target))
+        p.event(R.REVERTED, f"{why}: canary removed, hold released")
+        return WAIT
+    p.phase(end, follow.stuck(p, target, why))
+    p.event(R.ROLLED_BACK, f"rolled back: all traffic on {follow.what_runs(target)}; the template stays held")
     return WAIT
 
 
 def delete(p: Pass) -> None:
     """The GreyRelease is being deleted: leave the app as it was before the release began."""
+    if p.follow:
+        _hand_back(p)
+        return
     if p.status.restore.replicas is None and p.world.canary is None:
         p.done = True  # nothing was changed
         return
@@ -83,3 +130,34 @@ def delete(p: Pass) -> None:
         p.event(R.CLEANED_UP, "release deleted: stable restored, canary removed")
         p.set(restore=Restore())
         p.done = True
+
+
+def _hand_back(p: Pass) -> None:
+    """Follow mode, the GreyRelease deleted: the Deployment handed back to Kubernetes and its owners. The
+    canary's traffic cut and the canary removed first; then the routing reset, the hold released (the
+    Deployment controller rolls the template it holds, without a canary: a Warning says so) and the
+    enrolment label removed."""
+    world, target = p.world, p.world.target
+    if world.own_canary is not None:
+        p.set_weight(0)
+        p.act(DeleteCanary())
+        p.again(CONVERGE_POLL)
+        return
+    if started(p.status) or world.canary is not None:
+        p.act(ResetRouting())
+    if target is None:
+        p.event(R.HANDED_BACK, "release deleted: canary removed; the Deployment is gone", warning=True)
+        p.done = True
+        return
+    held = f"hold of {follow.what_is_held(target)} released: it rolls now, without a canary" if target.is_held else ""
+    follow.release_hold(p, target)
+    if target.enrolled == p.label:
+        p.act(Unenrol(p.label))
+    p.event(
+        R.HANDED_BACK,
+        f"release deleted: Deployment {target.name} is no longer followed (label greyrelease.io/release removed"
+        + (f"; {held})" if held else "; nothing was held)"),
+        warning=True,
+    )
+    p.set(restore=Restore())
+    p.done = True

@@ -1,16 +1,21 @@
 """Starting a release: the target Deployment found, the spec checked against it, what will be restored
 recorded, the routing prepared, batch 1 begun (or InvalidSpec, AlreadyAtTarget, or a wait for what
-governs the start: :mod:`.waits`)."""
+governs the start: :mod:`.waits`).
+
+In follow mode (:func:`_start_following`) the release starts only when the Deployment holds a template that
+differs from the one its pods run; until then the release is Idle (enrolled, nothing to do), and a template
+waiting for a release window or a slot stays held meanwhile."""
 
 from __future__ import annotations
 
 from greyrelease.api.release import Phase, Restore
+from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
 from greyrelease.planner.batches import PlanError
 from greyrelease.planner.images import target_image, version_of
 from greyrelease.planner.invalid import invalid
 from greyrelease.planner.observed import Workload
-from greyrelease.planner.passes import GO_ON, WAIT, Pass, Then
+from greyrelease.planner.passes import GO_ON, WAIT, Pass, Then, images_text
 from greyrelease.planner.waits import wait_to_start
 
 
@@ -28,7 +33,7 @@ def _resolve_target(p: Pass) -> Workload | str:
             "use targetRef to pick one"
         )
     target = found[0]
-    if spec.container and spec.container not in target.containers:
+    if spec.container and not spec.follows and spec.container not in target.containers:
         return f"spec.container: Deployment {target.name!r} has no container {spec.container!r}"
     return target
 
@@ -37,10 +42,17 @@ def start(p: Pass) -> Then:
     """No release under way (or one that could not start): check everything, then start batch 1."""
     spec, world = p.spec, p.world
     if spec.follows:
-        return invalid(p, "spec.targetVersion: required (follow mode is not planned yet)")
+        return _start_following(p)
     target = _resolve_target(p)
     if isinstance(target, str):
         return invalid(p, target)
+    if target.enrolled and p.status.restore.replicas is None:
+        return invalid(
+            p,
+            f"spec.targetVersion: Deployment {target.name!r} is followed (label greyrelease.io/release="
+            f"{target.enrolled}), so its new templates are held: remove targetVersion to release them, or remove "
+            "the label (and release its hold) to pin a version",
+        )
     if world.canary is not None and world.own_canary is None:
         return invalid(
             p,
@@ -100,5 +112,69 @@ def start(p: Pass) -> Then:
     )
     # The routing objects (canary Service/Ingress, stable narrowing) come before any canary pod, so the
     # stable backend never sends traffic to a canary that copied its labels.
+    p.prepare_routing()
+    return GO_ON
+
+
+def _start_following(p: Pass) -> Then:
+    """Follow mode: check everything, enrol the Deployment; then Idle while it holds nothing new, else
+    (once governance lets it) batch 1 of the template it holds."""
+    world = p.world
+    target = _resolve_target(p)
+    if isinstance(target, str):
+        return invalid(p, target)
+    if why := follow.foreign(p, target):
+        return invalid(p, why)
+    if world.canary is not None and world.own_canary is None:
+        return invalid(
+            p,
+            f"Deployment {world.canary.name!r} exists and is not owned by this release; rename or delete it",
+            reason=R.CANARY_CONFLICT,
+        )
+    if world.routing_error:
+        return invalid(p, world.routing_error, reason=R.ROUTING_ERROR)
+    follow.enrol(p, target)
+    stable = target.stable
+    if stable is None:
+        p.set(target_name=target.name)
+        p.phase(Phase.INITIALIZING, f"waiting for the ReplicaSet of {target.name}")
+        p.again(1.0)
+        return WAIT
+    follow.record_stable(p, target)
+    p.set(target_name=target.name, target_version="")
+    if not follow.pending(target):
+        if follow.reverted(target):
+            # Held, but the template is the one that runs: nothing to release, and no pod restarts.
+            follow.release_hold(p, target)
+            p.event(R.HOLD_RELEASED, f"{follow.what_is_held(target)} is the one {target.name} runs: hold released")
+        p.set(held=None)
+        p.phase(Phase.IDLE, follow.at_rest(target))
+        return WAIT
+    follow.record_held(p, target)
+    try:
+        steps = p.steps(target.replicas)
+    except PlanError as err:
+        return invalid(p, str(err))
+    if wait_to_start(p, f"{follow.what_is_held(target)} held; ") is WAIT:
+        return WAIT
+    digest = target.digest
+    p.begin_batch(1)
+    p.set(
+        stable_pod_template_hash=stable.template_hash,
+        restore=Restore(template=digest),
+        total_batches=len(steps),
+        canary_weight=0,
+        canary_replicas=0,
+        stable_replicas=target.replicas,
+        end_phase=None,
+        metrics=[],
+    )
+    p.phase(Phase.PROGRESSING, f"batch 1/{len(steps)}: starting the canary of template {digest}")
+    p.history(1, started_at=p.now)
+    p.event(
+        R.RELEASE_STARTED,
+        f"releasing template {digest} ({images_text(target.images)}) of {target.name} in {len(steps)} batches "
+        f"(stable ReplicaSet {stable.name})",
+    )
     p.prepare_routing()
     return GO_ON

@@ -21,9 +21,10 @@ def rules(p: Pass) -> Rules:
     return p.world.rules.plus(Source(SPEC, tuple(spec.windows or ()), tuple(spec.freezes or ())))
 
 
-def wait_to_start(p: Pass) -> Then:
+def wait_to_start(p: Pass, what: str = "") -> Then:
     """Before batch 1: the releases of ``spec.after`` done, a release window open, a slot of the queue
-    taken (in this order: a slot is taken only by a release that can use it). GO_ON when all are there."""
+    taken (in this order: a slot is taken only by a release that can use it). GO_ON when all are there.
+    ``what`` comes first in the messages (follow mode: the template held meanwhile)."""
     world = p.world
     if world.cycle:
         return invalid(p, "spec.after: a cycle of releases waiting for each other: " + " -> ".join(world.cycle))
@@ -36,10 +37,10 @@ def wait_to_start(p: Pass) -> Then:
             why = f"waiting for GreyRelease {pred.name!r}, which ended {pred.phase}: retry or fix it first"
         else:
             why = f"waiting for GreyRelease {pred.name!r} to succeed (now {pred.phase or 'not started'})"
-        return _waiting(p, why, None)
+        return _waiting(p, what + why, None)
     hold = rules(p).hold(p.now)
     if hold is not None:
-        return _waiting(p, hold.message, hold.until)
+        return _waiting(p, what + hold.message, hold.until)
     queue = world.queue
     if queue is None or queue.held:
         return GO_ON
@@ -47,7 +48,7 @@ def wait_to_start(p: Pass) -> Then:
         p.act(TakeSlot(queue.lease, queue.limit, queue.scope, p.now, queue.stale))
         return GO_ON
     position = queue.ahead + 1
-    message = f"position {position} in the queue of {queue.scope} (at most {queue.limit} progressing)"
+    message = f"{what}position {position} in the queue of {queue.scope} (at most {queue.limit} progressing)"
     if p.status.phase != Phase.QUEUED:
         p.event(R.QUEUED, message)
     p.set(target_version=p.version, queue_position=position, batch_state=None)

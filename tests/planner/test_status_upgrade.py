@@ -8,8 +8,8 @@ field), what was observed, the time, and the plan that came out. A line without 
 from the status the line before it produced.
 
 Replayed on the code of today, every call must give the same actions, Events, wake-up and status, apart
-from the fields added since (listed in ``NEW_FIELDS``) and the batch's timers, which have moved into
-``batchTimes`` since (compared there: :func:`_upgraded`).
+from the fields added since (listed in ``NEW_FIELDS``, ``NEW_CONDITIONS`` and ``NEW_ACTION_FIELDS``) and the
+batch's timers, which have moved into ``batchTimes`` since (compared there: :func:`_upgraded`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from greyrelease.planner.machine import Observed, Workload, decide
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
 #: Status fields the earlier controller did not write.
-NEW_FIELDS: frozenset[str] = frozenset({"batchState"})
+NEW_FIELDS: frozenset[str] = frozenset({"batchState", "lastRelease", "held", "stable"})
+#: Conditions it did not write (kstatus's, added with follow mode).
+NEW_CONDITIONS: frozenset[str] = frozenset({"Ready", "Reconciling", "Stalled"})
+#: Fields of actions it did not have, at the value they have when not set.
+NEW_ACTION_FIELDS: dict[str, object] = {"template": ""}
 
 #: The timers an earlier controller stored as fields of the status, and their names in ``batchTimes``.
 FLAT_TIMERS = {
@@ -96,11 +100,13 @@ def _as_recorded(action: Action, status: GreyReleaseStatus) -> dict[str, Any]:
     fields = dataclasses.asdict(action)
     if isinstance(action, (PrepareRouting, SetWeight)):
         assert fields.pop("stable_hash") == status.stable_pod_template_hash
+    fields = {k: v for k, v in fields.items() if k not in NEW_ACTION_FIELDS or v != NEW_ACTION_FIELDS[k]}
     return {"type": type(action).__name__, **fields}
 
 
 def _dump(status: GreyReleaseStatus) -> dict[str, Any]:
     out: dict[str, Any] = _stored(status.model_dump(by_alias=True, mode="json"))
+    out["conditions"] = [c for c in out.get("conditions", []) if c["type"] not in NEW_CONDITIONS]
     return {k: v for k, v in out.items() if k not in NEW_FIELDS}
 
 

@@ -12,8 +12,9 @@ line before's), the status as the API server stored it (no null field; left out 
 line before planned), what was observed, the time, and the plan that came out.
 
 Replayed on the code of today, every call must give the same actions, Events, wake-up and status, with
-the timers in ``batchTimes`` (:func:`_upgraded`); and an old status reads back as it was stored, the timers
-moved there.
+the timers in ``batchTimes`` (:func:`_upgraded`), apart from what was added since (``NEW_FIELDS``,
+``NEW_CONDITIONS``, ``NEW_ACTION_FIELDS``); and an old status reads back as it was stored, the timers moved
+there.
 """
 
 from __future__ import annotations
@@ -102,9 +103,17 @@ def _observed(d: dict[str, Any]) -> Observed:
     )
 
 
+#: What the controller writes since these calls were recorded (with follow mode): status fields,
+#: conditions (kstatus's), and action fields (at the value they have when not set).
+NEW_FIELDS: frozenset[str] = frozenset({"lastRelease", "held", "stable"})
+NEW_CONDITIONS: frozenset[str] = frozenset({"Ready", "Reconciling", "Stalled"})
+NEW_ACTION_FIELDS: dict[str, object] = {"template": ""}
+
+
 def _dump(status: GreyReleaseStatus) -> dict[str, Any]:
     stored: dict[str, Any] = _stored(status.model_dump(by_alias=True, mode="json"))
-    return stored
+    stored["conditions"] = [c for c in stored.get("conditions", []) if c["type"] not in NEW_CONDITIONS]
+    return {k: v for k, v in stored.items() if k not in NEW_FIELDS}
 
 
 def _actions(plan_actions: tuple[Action, ...], status: GreyReleaseStatus) -> list[dict[str, Any]]:
@@ -115,6 +124,7 @@ def _actions(plan_actions: tuple[Action, ...], status: GreyReleaseStatus) -> lis
         fields = dataclasses.asdict(action)
         if isinstance(action, (PrepareRouting, SetWeight)):
             assert fields.pop("stable_hash") == status.stable_pod_template_hash
+        fields = {k: v for k, v in fields.items() if k not in NEW_ACTION_FIELDS or v != NEW_ACTION_FIELDS[k]}
         out.append({"type": type(action).__name__, **fields})
     recorded: list[dict[str, Any]] = json.loads(json.dumps(out, default=lambda v: v.isoformat()))
     return recorded

@@ -50,13 +50,16 @@ def reverted(target: Workload) -> bool:
 
 
 def record_stable(p: Pass, target: Workload) -> None:
-    """``status.stable`` is the ReplicaSet the target's pods run (and the stable version its digest)."""
+    """``status.stable`` is the ReplicaSet the target's pods run (and the stable version its digest, the
+    stable pod-template-hash its hash: what a pass reads again without listing ReplicaSets while the
+    Deployment's revision stays the same)."""
     rs = target.stable
     if rs is None:
         return
     stable = StableReplicaSet(name=rs.name, revision=rs.revision, digest=rs.digest, images=container_images(rs.images))
-    if p.status.stable != stable or p.status.stable_version != rs.digest:
-        p.set(stable=stable, stable_version=rs.digest)
+    st = p.status
+    if (st.stable, st.stable_version, st.stable_pod_template_hash) != (stable, rs.digest, rs.template_hash):
+        p.set(stable=stable, stable_version=rs.digest, stable_pod_template_hash=rs.template_hash)
 
 
 def record_held(p: Pass, target: Workload) -> None:

@@ -6,9 +6,11 @@ from greyrelease.kube.protocol import Kube
 from greyrelease.planner.actions import (
     Action,
     DeleteCanary,
+    Enrol,
     EnsureCanary,
     FreeSlot,
     PrepareRouting,
+    ReleaseHold,
     RemoveAnnotations,
     ResetRouting,
     RestoreStableSelector,
@@ -16,6 +18,7 @@ from greyrelease.planner.actions import (
     SetStableImage,
     SetWeight,
     TakeSlot,
+    Unenrol,
 )
 from greyrelease.reconcile.observe import Scene
 from greyrelease.reconcile.record import remove_annotations
@@ -30,8 +33,8 @@ def execute(kube: Kube, actions: tuple[Action, ...], scene: Scene) -> None:
 def apply(kube: Kube, action: Action, scene: Scene) -> None:
     workload, router = scene.deployments, scene.router
     match action:
-        case EnsureCanary(replicas=replicas, image=image, version=version):
-            workload.ensure_canary(replicas=replicas, image=image, version=version)
+        case EnsureCanary(replicas=replicas, image=image, version=version, template=template):
+            workload.ensure_canary(replicas=replicas, image=image, version=version, template=template)
         case ScaleStable(replicas=replicas):
             workload.scale_stable(replicas)
         case SetStableImage(image=image, replicas=replicas):
@@ -46,6 +49,12 @@ def apply(kube: Kube, action: Action, scene: Scene) -> None:
             router.restore_stable_selector()
         case ResetRouting():
             router.reset()
+        case Enrol(release=release):
+            workload.enrol(release)
+        case Unenrol(release=release):
+            workload.unenrol(release)
+        case ReleaseHold(digest=digest):
+            workload.release_hold(digest)
         case RemoveAnnotations(keys=keys):
             remove_annotations(kube, scene.release, keys)
         case TakeSlot(lease=lease, limit=limit, since=since, stale=stale):

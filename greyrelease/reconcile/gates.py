@@ -73,7 +73,9 @@ class Gates:
         checks = []
         for metric in spec.analysis.metrics:
             query = metric.query
-            canary = prom.sample(render_query(query, track="canary", version=spec.target_version or "", **values))
+            # Follow mode: the template's digest (the canary's greyrelease.io/version label), as the stable's.
+            version = spec.target_version or status.restore.template or ""
+            canary = prom.sample(render_query(query, track="canary", version=version, **values))
             stable = None
             if metric.compare is not None:
                 stable = prom.sample(render_query(query, track="stable", version=status.stable_version, **values))

@@ -1,6 +1,12 @@
 """Observation: the world one pass plans from, read through a :class:`~greyrelease.kube.protocol.Kube`, and the
 adapters that pass acts through (built once, from what was read; what they act on beyond that comes with
-each action)."""
+each action).
+
+In follow mode the target is read for more (its hold, its template's digest and images, its enrolment,
+its rollout: :func:`~greyrelease.kube.workload.workload_of`), and with it the ReplicaSet its pods run. That
+ReplicaSet is listed only when the Deployment's revision differs from the one the status recorded it for
+(a paused Deployment makes no new ReplicaSet, so a release under way lists it once); otherwise it is what
+the status says."""
 
 from __future__ import annotations
 
@@ -17,8 +23,17 @@ from greyrelease.api.release import (
     Phase,
 )
 from greyrelease.kube.protocol import Kube, path
-from greyrelease.kube.workload import canary_name, current_template_hash, workload_of
-from greyrelease.planner.machine import Observed
+from greyrelease.kube.workload import (
+    canary_name,
+    current_replicaset,
+    current_template_hash,
+    replicaset_of,
+    revision_of,
+    workload_of,
+)
+from greyrelease.planner.follow import pending
+from greyrelease.planner.machine import Observed, Workload
+from greyrelease.planner.observed import ReplicaSet
 from greyrelease.reconcile.deployments import Deployments, deployments_path
 from greyrelease.reconcile.policies import Governing, observe_governance
 from greyrelease.routers import Router, router_for
@@ -48,11 +63,33 @@ def _targets(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> list[Obj]:
     return kube.list(deployments_path(namespace), label_selector=f"app={spec.app_name},!{TRACK_LABEL}")
 
 
-def _template_hash(kube: Kube, namespace: str, deployment: Obj) -> str:
+def _replicasets(kube: Kube, namespace: str, deployment: Obj) -> list[Obj]:
     labels = deployment.get("spec", {}).get("selector", {}).get("matchLabels") or {}
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    replicasets = kube.list(path("apps", "v1", "replicasets", namespace), label_selector=selector or None)
-    return current_template_hash(deployment, replicasets)
+    return kube.list(path("apps", "v1", "replicasets", namespace), label_selector=selector or None)
+
+
+def _template_hash(kube: Kube, namespace: str, deployment: Obj) -> str:
+    return current_template_hash(deployment, _replicasets(kube, namespace, deployment))
+
+
+def _stable(kube: Kube, namespace: str, deployment: Obj, status: GreyReleaseStatus) -> ReplicaSet | None:
+    """Follow mode: the ReplicaSet of the Deployment's current revision; from the status when it recorded
+    that revision's, else listed."""
+    revision, recorded = revision_of(deployment), status.stable
+    if revision and recorded is not None and recorded.revision == revision and status.stable_pod_template_hash:
+        images = tuple((i.name, i.image) for i in recorded.images)
+        return ReplicaSet(recorded.name, status.stable_pod_template_hash, recorded.digest, images, recorded.revision)
+    rs = current_replicaset(deployment, _replicasets(kube, namespace, deployment))
+    return replicaset_of(rs) if rs is not None else None
+
+
+def _target_of(
+    kube: Kube, namespace: str, d: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus, template_hash: str
+) -> Workload:
+    if spec.follows:
+        return workload_of(d, None, follow=True, stable=_stable(kube, namespace, d, status))
+    return workload_of(d, spec.container, template_hash)
 
 
 def _time(text: str | None) -> datetime | None:
@@ -80,7 +117,7 @@ def observe(
     targets = _targets(kube, namespace, spec)
     target = targets[0] if len(targets) == 1 else None
     template_hash = ""
-    if target is not None and not status.stable_pod_template_hash:
+    if target is not None and not status.stable_pod_template_hash and not spec.follows:
         template_hash = _template_hash(kube, namespace, target)
     target_name = target["metadata"]["name"] if target is not None else status.target_name
     canary_deployment = canary_name(target_name) if target_name else ""
@@ -90,13 +127,19 @@ def observe(
     canary_endpoints = router.canary_endpoints() if _going_live(status, canary) else None
     deletion = _time(meta.get("deletionTimestamp"))
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
-    governance = observe_governance(kube, release, spec, status, annotations, governing or Governing())
+    candidates = tuple(
+        _target_of(kube, namespace, d, spec, status, template_hash) if d is target else workload_of(d, spec.container)
+        for d in targets
+    )
+    held = spec.follows and len(candidates) == 1 and pending(candidates[0])
+    governance = observe_governance(kube, release, spec, status, annotations, governing or Governing(), pending=held)
     observed = Observed(
-        candidates=tuple(workload_of(d, spec.container, template_hash if d is target else "") for d in targets),
+        candidates=candidates,
         canary=workload_of(canary, spec.container) if canary is not None else None,
         annotations=annotations,
         generation=int(meta.get("generation", 1)),
         uid=meta.get("uid", ""),
+        name=meta.get("name", ""),
         deleting=deletion is not None,
         deletion_started=deletion,
         routing_error=routing_error,
@@ -106,5 +149,6 @@ def observe(
         predecessors=governance.predecessors,
         cycle=governance.cycle,
     )
-    deployments = Deployments(kube, release=release, container=spec.container, target=target, canary=canary)
+    container = None if spec.follows else spec.container
+    deployments = Deployments(kube, release=release, container=container, target=target, canary=canary)
     return Scene(release, spec, observed, deployments, router)

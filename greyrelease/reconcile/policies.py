@@ -157,11 +157,16 @@ def queue_of(release: Obj, policies: list[GreyReleasePolicy], settings: Governin
     return None
 
 
-def may_start(status: GreyReleaseStatus, spec: GreyReleaseSpec, annotations: dict[str, str]) -> bool:
-    """Whether a pass of this release could start batch 1 (and so needs what it waits for)."""
+def may_start(
+    status: GreyReleaseStatus, spec: GreyReleaseSpec, annotations: dict[str, str], *, pending: bool = False
+) -> bool:
+    """Whether a pass of this release could start batch 1 (and so needs what it waits for). ``pending``:
+    follow mode, the Deployment holds a template to release, which a release at rest starts."""
     phase = status.phase
     if phase in (None, Phase.INVALID_SPEC, Phase.INITIALIZING, Phase.WAITING, Phase.QUEUED):
         return True
+    if phase in TERMINAL_PHASES and spec.follows:
+        return pending or RETRY_ANNOTATION in annotations
     if phase in TERMINAL_PHASES:
         new_version = status.target_version not in ("", spec.target_version or "")
         return new_version or (phase != Phase.SUCCEEDED and RETRY_ANNOTATION in annotations)
@@ -249,7 +254,8 @@ def read_predecessors(kube: Kube, namespace: str, spec: GreyReleaseSpec) -> tupl
                 after.name,
                 found=True,
                 phase=phase,
-                succeeded=current and st.phase == Phase.SUCCEEDED,
+                # A followed Deployment with nothing to release (Idle) holds nobody back.
+                succeeded=current and st.phase in (Phase.SUCCEEDED, Phase.IDLE),
                 failed=current and st.phase in (Phase.FAILED, Phase.ABORTED, Phase.INVALID_SPEC),
             )
         )
@@ -275,12 +281,14 @@ def observe_governance(
     status: GreyReleaseStatus,
     annotations: dict[str, str],
     settings: Governing,
+    *,
+    pending: bool = False,
 ) -> Governance:
     policies = governing(read_policies(kube), release)
     rules = rules_of(policies)
     ref = queue_of(release, policies, settings)
     queue: Queue | None = None
-    starting = may_start(status, spec, annotations)
+    starting = may_start(status, spec, annotations, pending=pending)
     if ref is not None:
         if progressing(status):
             queue = Queue(ref.scope, ref.lease, ref.limit, (), 0, held=True)  # taken when it started

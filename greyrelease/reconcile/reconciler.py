@@ -44,6 +44,8 @@ class Outcome:
     plan: Plan
     watched: tuple[str, ...] = ()
     decided_at: float = field(default_factory=time.monotonic)
+    #: Follow mode: every change of the target may be news (a template held, a revert, an HPA's resize).
+    follows: bool = False
 
 
 class Reconciler:
@@ -78,7 +80,7 @@ class Reconciler:
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
                 write_status(self.kube, release, plan.status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
-            return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at)
+            return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
 
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """Passes over one release never overlap: a pass already running (say, in a daemon that kopf is

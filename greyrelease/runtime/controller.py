@@ -148,10 +148,12 @@ def waiting(outcome: Outcome) -> bool:
     """Whether the release waits for its Deployments to converge. Only then does every change of theirs
     wake it: a batch on hold waits for a timer or an annotation, and a finished release for a new spec;
     waking those on every pod becoming ready would cost a pass each for nothing. (A Deployment deleted
-    wakes the release in any case.)"""
+    wakes the release in any case.) A release in follow mode waits on its Deployment in every phase: a
+    new template held, a revert, an HPA's resize are all changes of it."""
     plan, st = outcome.plan, outcome.plan.status
     return (
         plan.done
+        or outcome.follows
         or st.phase in (Phase.INITIALIZING, Phase.PROMOTING, Phase.ROLLING_BACK)
         or (st.phase == Phase.PROGRESSING and st.batch_state == BatchState.UPSCALING)
     )

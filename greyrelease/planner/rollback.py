@@ -149,6 +149,9 @@ def _hand_back(p: Pass) -> None:
         p.event(R.HANDED_BACK, "release deleted: canary removed; the Deployment is gone", warning=True)
         p.done = True
         return
+    if follow.foreign(p, target):
+        p.done = True  # another release follows it: its label and hold are that release's
+        return
     held = f"hold of {follow.what_is_held(target)} released: it rolls now, without a canary" if target.is_held else ""
     follow.release_hold(p, target)
     if target.enrolled == p.label:

@@ -401,6 +401,16 @@ def test_deleting_mid_release_hands_the_deployment_back() -> None:
     no_stable_writes(w)
 
 
+def test_deleting_a_release_refused_for_a_deployment_another_follows_touches_nothing() -> None:
+    w = FollowWorld(follow_spec())
+    w.enrolled_elsewhere = "other"
+    w.commit("app:v2")  # held for the other release
+    assert w.step().status.phase == Phase.INVALID_SPEC
+    w.deleting = True
+    plan = w.step()
+    assert plan.actions == () and plan.done and w.deployment.paused
+
+
 def test_deleting_at_rest_removes_only_the_label() -> None:
     w = enrolled()
     w.deleting = True

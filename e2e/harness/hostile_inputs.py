@@ -120,7 +120,6 @@ CASES: list[Case] = [
         "refused",
         "spec.targetVersion",
     ),
-    Case("version-missing", "no targetVersion", with_(targetVersion=None), "refused", "spec.targetVersion"),
     Case(
         "both-forms",
         "batches and batchSize",

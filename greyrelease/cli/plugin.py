@@ -123,6 +123,36 @@ def is_finished(release: Obj) -> bool:
     return current and status.get("phase") in TERMINAL_PHASES
 
 
+def _images(items: Any) -> str:
+    """``app=web:v2, sidecar=proxy:1``: the images of a template as the status lists them."""
+    return ", ".join(f"{i.get('name', '?')}={i.get('image', '?')}" for i in items or []) or "-"
+
+
+def _follow_lines(spec: Obj, st: Obj, now: datetime) -> list[str]:
+    """Follow mode (no targetVersion): the template held, the ReplicaSet serving as the stable, and how
+    the last release ended. Nothing in pinned mode."""
+    if spec.get("targetVersion"):
+        return []
+    lines = ["Mode:        follow (every new pod template of the Deployment is released)"]
+    held, stable, last = st.get("held"), st.get("stable"), st.get("lastRelease")
+    if held:
+        since = age(held.get("heldSince"), now)
+        lines.append(
+            f"Held:        {held.get('digest', '?')} ({_images(held.get('images'))})"
+            + (f", held for {since}" if since != "-" else "")
+        )
+    if stable:
+        lines.append(f"Stable:      {stable.get('name', '?')} ({_images(stable.get('images'))})")
+    if last:
+        ended = age(last.get("endedAt"), now)
+        lines.append(
+            f"Last:        {last.get('outcome', '?')}"
+            + (f" {ended} ago" if ended != "-" else "")
+            + (f": {last['message']}" if last.get("message") else "")
+        )
+    return lines
+
+
 def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
     """What ``kubectl gr status`` prints for a GreyRelease and its events."""
     meta = release.get("metadata") or {}
@@ -140,6 +170,7 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
         f"Versions:    stable {st.get('stableVersion') or '-'} -> target "
         f"{st.get('targetVersion') or spec.get('targetVersion') or '-'}",
     ]
+    lines.extend(_follow_lines(spec, st, now))
     if int(st.get("observedGeneration") or 0) < int(meta.get("generation") or 1):
         lines.append("             (the controller has not seen the latest spec yet)")
     if st.get("message"):

@@ -1,0 +1,48 @@
+"""`kubectl gr status` of a release in follow mode: what the Deployment holds, what serves as the stable,
+and how the last release ended."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from greyrelease.cli.plugin import render_status
+
+NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def followed(status: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "generation": 1},
+        "spec": {"targetRef": {"name": "web"}, **spec},
+        "status": {"observedGeneration": 1, **status},
+    }
+
+
+def lines(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(f"{name}:")]
+
+
+def test_a_held_template_the_stable_and_the_last_release_are_shown() -> None:
+    status = {
+        "phase": "Progressing",
+        "held": {
+            "digest": "7c9f5d21a0b3e4f1",
+            "images": [{"name": "app", "image": "web:v2"}, {"name": "proxy", "image": "envoy:1.30"}],
+            "heldSince": "2025-06-01T11:58:00Z",
+        },
+        "stable": {"name": "web-5d8f6c", "images": [{"name": "app", "image": "web:v1"}]},
+        "lastRelease": {"outcome": "Aborted", "endedAt": "2025-06-01T10:00:00Z", "message": "gate error-rate"},
+    }
+    text = render_status(followed(status), [], NOW)
+    assert lines(text, "Mode") == ["Mode:        follow (every new pod template of the Deployment is released)"]
+    assert lines(text, "Held") == ["Held:        7c9f5d21a0b3e4f1 (app=web:v2, proxy=envoy:1.30), held for 2m0s"]
+    assert lines(text, "Stable") == ["Stable:      web-5d8f6c (app=web:v1)"]
+    assert lines(text, "Last") == ["Last:        Aborted 120m ago: gate error-rate"]
+
+
+def test_nothing_held_shows_only_the_mode_and_pinned_mode_shows_none_of_it() -> None:
+    idle = render_status(followed({"phase": "Idle"}), [], NOW)
+    assert lines(idle, "Mode") and not lines(idle, "Held") and not lines(idle, "Last")
+    pinned = render_status(followed({"phase": "Progressing", "held": {"digest": "x"}}, targetVersion="v2"), [], NOW)
+    assert not lines(pinned, "Mode") and not lines(pinned, "Held")

@@ -25,8 +25,23 @@ three-way patch the apply would send. ``--server-side`` there would answer what 
 do instead: on a Service whose selector someone else extended it reports drift (a selector is an atomic map
 for server-side apply) where the client-side apply changes nothing.
 
-Not emulated: pruning, sync waves and hooks, ignore rules (``ignoreDifferences``, ``driftIgnoreRules``: the
-loop applies everything, every time, as a tool without them that found drift would), Flux's removal of
+**Ignore rules** (:class:`Ignore`, ``GitOps(..., ignore=[...])``): Argo CD's ``ignoreDifferences`` with the
+sync option ``RespectIgnoreDifferences=true``, which config/gitops/argocd/application.yaml ships, and Flux's
+``driftIgnoreRules``, treated alike: the field at the rule's JSON pointer is applied and diffed with its live
+value rather than Git's (Argo CD puts the live values of ignored fields into what it applies; left out when
+the live object has none). The live objects are read with one ``kubectl get`` just before each apply and
+each diff. So that an apply never undoes a write made between that read and the apply (a release moving its
+weights: the emulator re-applies every two seconds, where Argo CD applies only when it finds drift), a
+server-side apply sends those objects with the ``resourceVersion`` it read: a write in between makes the
+API server refuse it (409 Conflict), and the apply is made again from a fresh read (counted in
+``Apply.conflicts``). Client-side apply sends no ``resourceVersion`` (kubectl would keep it in the
+last-applied annotation, and a later apply without it would then be refused), so it keeps that window, as
+the real tools do when they sync: in a run of e2e/test_follow.py's release with it, an apply read the route
+just before the release put its rules back and then applied the rules it had read. A rule's pointer may end
+at a list (``/spec/rules``), which is then taken whole, as Argo CD's merge patch of the live values takes it.
+
+Not emulated: pruning, sync waves and hooks, that the real tools apply only when they find drift (the
+loop applies everything, every time, as a tool would that found drift each time), Flux's removal of
 ``kubectl``'s field managers before its first apply, and the tools' own user agents (the requests carry
 kubectl's; the field manager in their query string names the tool, see :func:`audited_requests`).
 """
@@ -34,11 +49,12 @@ kubectl's; the field manager in their query string names the tool, see :func:`au
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,6 +92,48 @@ TOOLS = (ARGOCD, FLUX, ARGOCD_CLIENT_SIDE)
 
 
 @dataclass(frozen=True)
+class Ignore:
+    """An ignore rule: the field at ``pointer`` (RFC 6901) of the object ``kind``/``name`` is applied and diffed
+    with its live value, not Git's (see the module docstring)."""
+
+    kind: str
+    name: str
+    pointer: str
+
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        return bool(obj.get("kind") == self.kind and (obj.get("metadata") or {}).get("name") == self.name)
+
+    def parts(self) -> list[str]:
+        return [p.replace("~1", "/").replace("~0", "~") for p in self.pointer.split("/")[1:]]
+
+
+_ABSENT = object()
+
+
+def _at(obj: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if not isinstance(obj, dict) or part not in obj:
+            return _ABSENT
+        obj = obj[part]
+    return obj
+
+
+def _put(obj: dict[str, Any], parts: list[str], value: Any) -> None:
+    """Sets (or, with ``_ABSENT``, removes) the member at ``parts`` of ``obj``, making the maps on the way."""
+    for part in parts[:-1]:
+        nxt = obj.get(part)
+        if not isinstance(nxt, dict):
+            if value is _ABSENT:
+                return
+            nxt = obj[part] = {}
+        obj = nxt
+    if value is _ABSENT:
+        obj.pop(parts[-1], None)
+    else:
+        obj[parts[-1]] = copy.deepcopy(value)
+
+
+@dataclass(frozen=True)
 class Apply:
     """One apply of the repository: what it applied, and how it went."""
 
@@ -86,6 +144,7 @@ class Apply:
     code: int
     stdout: str
     stderr: str
+    conflicts: int = 0  # applies refused (409) because an object with ignore rules changed after its read
 
     @property
     def ok(self) -> bool:
@@ -123,13 +182,21 @@ class GitOps:
     """A repository directory applied to ``namespace`` by ``tool``, once or in a self-heal loop."""
 
     def __init__(
-        self, cluster: Cluster, namespace: str, repo: Path, tool: Tool = ARGOCD, *, interval: float = 2.0
+        self,
+        cluster: Cluster,
+        namespace: str,
+        repo: Path,
+        tool: Tool = ARGOCD,
+        *,
+        interval: float = 2.0,
+        ignore: Sequence[Ignore] = (),
     ) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.repo = repo
         self.tool = tool
         self.interval = interval
+        self.ignore = tuple(ignore)
         self.repo.mkdir(parents=True, exist_ok=True)
         self.revision = 0
         self._files = threading.Lock()  # a commit and the read of the directory for an apply
@@ -160,6 +227,34 @@ class GitOps:
             docs = [p.read_text() for p in sorted(self.repo.glob("*.yaml"))]
             return self.revision, "---\n".join(docs)
 
+    def desired(self, *, lock: bool = False) -> tuple[int, str]:
+        """What the tool applies (and diffs) now: the repository with, under its ignore rules, the live values
+        of the fields they name (and with ``lock``, the live ``resourceVersion`` of those objects)."""
+        revision, docs = self.manifests()
+        if not self.ignore:
+            return revision, docs
+        objs = [o for o in yaml.safe_load_all(docs) if o]
+        ruled = [o for o in objs if any(rule.matches(o) for rule in self.ignore)]
+        if not ruled:
+            return revision, docs
+        refs = [f"{o['kind']}/{o['metadata']['name']}" for o in ruled]
+        proc = self.cluster.kubectl(
+            "get", *refs, "-n", self.namespace, "-o", "json", "--ignore-not-found", check=False, timeout=30
+        )
+        found = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else {}
+        items = found.get("items", []) if found.get("kind") == "List" else ([found] if found else [])
+        live = {(i["kind"], i["metadata"]["name"]): i for i in items}
+        for obj in ruled:
+            current = live.get((obj["kind"], obj["metadata"]["name"]))
+            if current is None:
+                continue  # not created yet: Git's values
+            for rule in self.ignore:
+                if rule.matches(obj):
+                    _put(obj, rule.parts(), _at(current, rule.parts()))
+            if lock:
+                obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return revision, "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objs)
+
     # --- applying ------------------------------------------------------------------------------------
 
     def _kubectl(self, verb: str, *args: str, input: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -168,16 +263,23 @@ class GitOps:
         )
 
     def apply(self) -> Apply:
-        """One sync: the whole repository applied as the tool applies it, recorded."""
+        """One sync: the whole repository applied as the tool applies it, recorded. With ignore rules and a
+        server-side apply, made again (at most 5 times) while an object changed after its read."""
+        lock = bool(self.ignore) and self.tool.server_side
         with self._applying:
-            revision, docs = self.manifests()
             at, started = datetime.now(UTC), time.monotonic()
-            try:
-                proc = self._kubectl("apply", *self.tool.apply_args(), input=docs)
-                code, out, err = proc.returncode, proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                code, out, err = -1, "", f"kubectl apply timed out after {exc.timeout}s"
-            done = Apply(revision, at, started, time.monotonic() - started, code, out, err)
+            conflicts = 0
+            while True:
+                revision, docs = self.desired(lock=lock)
+                try:
+                    proc = self._kubectl("apply", *self.tool.apply_args(), input=docs)
+                    code, out, err = proc.returncode, proc.stdout, proc.stderr
+                except subprocess.TimeoutExpired as exc:
+                    code, out, err = -1, "", f"kubectl apply timed out after {exc.timeout}s"
+                if not (lock and code != 0 and "the object has been modified" in err and conflicts < 5):
+                    break
+                conflicts += 1
+            done = Apply(revision, at, started, time.monotonic() - started, code, out, err, conflicts)
         with self._recorded:
             self._applies.append(done)
             self._recorded.notify_all()
@@ -247,7 +349,7 @@ class GitOps:
     def drift(self, *, check: bool = True) -> Drift:
         """``kubectl diff`` as the tool's apply would act: exit 0 in sync, 1 drift. With ``check``, any other
         exit (a conflict, an invalid manifest) raises."""
-        revision, docs = self.manifests()
+        revision, docs = self.desired()
         started = time.monotonic()
         proc = self._kubectl("diff", *self.tool.diff_args(), input=docs)
         found = Drift(revision, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
@@ -258,7 +360,7 @@ class GitOps:
     def dry_run_apply(self) -> list[dict[str, Any]]:
         """Every object of the repository as the API server would store it after this tool's apply
         (``--dry-run=server``: admission runs, mutating webhooks included; nothing is written)."""
-        _, docs = self.manifests()
+        _, docs = self.desired()
         proc = self._kubectl("apply", *self.tool.apply_args(), "--dry-run=server", "-o", "json", input=docs)
         if proc.returncode != 0:
             raise KubectlError(proc.returncode, ["kubectl", "apply", "--dry-run=server"], proc.stdout, proc.stderr)

@@ -1,7 +1,7 @@
 """`python -m bench.shards`: the same releases driven by one replica and by several (``--shards K``).
 
 N two-replica apps spread over M namespaces chosen so that each shard gets the same number of them (the
-shard of a namespace is a hash of its name, see greyrelease/shards.py), the same for every shard count so
+shard of a namespace is a hash of its name, see greyrelease/runtime/shards.py), the same for every shard count so
 the runs compare. For each K: K controller processes run with ``--shards K`` (K = 1: one process, no
 Lease), all watching every namespace, and N releases applied at once (batch 1 = 1 canary pod, 2 s pause;
 batch 2 = all pods; then promotion; a progress deadline of 3,600 s as in ``bench.compare``), then up to

@@ -14,22 +14,17 @@ from typing import Any
 from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
 from greyrelease.planner.actions import (
     Action,
-    DeleteCanary,
     Enrol,
     EnsureCanary,
     Plan,
-    PrepareRouting,
     ReleaseHold,
-    RemoveAnnotations,
-    ResetRouting,
-    RestoreStableSelector,
-    SetWeight,
     Unenrol,
 )
 from greyrelease.planner.machine import Observed, Workload, decide
 from greyrelease.planner.observed import Images, ReplicaSet
 
 from tests.support.builders import T0, UID
+from tests.support.world import Stepping
 
 NAME = "web"
 
@@ -79,7 +74,7 @@ class Deployment:
 
 
 @dataclass
-class FollowWorld:
+class FollowWorld(Stepping):
     spec: GreyReleaseSpec = field(default_factory=follow_spec)
     deployment: Deployment = field(default_factory=Deployment)
     canary: Workload | None = None
@@ -218,37 +213,10 @@ class FollowWorld:
             case Unenrol(release=release):
                 if d.enrolled == release:
                     d.enrolled = ""
-            case DeleteCanary():
-                if self.canary is not None and self.canary.owner_uid == UID:
-                    self.canary = None
-            case PrepareRouting():
-                self.prepared = True
-            case SetWeight(weight=w):
-                self.weight = w
-                self.narrowed = w == 0
-            case RestoreStableSelector():
-                self.narrowed = False
-            case ResetRouting():
-                self.narrowed = False
-                self.prepared = False
-                self.weight = 0
-            case RemoveAnnotations(keys=keys):
-                for k in keys:
-                    self.annotations.pop(k, None)
+            case _ if self.apply_common(action):
+                pass
             case _:
                 raise AssertionError(f"not an action of follow mode: {action}")
-
-    def run(self, *, until: set[str], max_steps: int = 200, tick: float = 1.0) -> list[str]:
-        """Step (advancing time by ``tick`` when the plan waits) until the phase is in ``until``."""
-        phases = []
-        for _ in range(max_steps):
-            plan = self.step()
-            phases.append(plan.status.phase or "")
-            if plan.status.phase in until:
-                return phases
-            if plan.requeue_after is None or plan.requeue_after > 0:
-                self.now += timedelta(seconds=tick if plan.requeue_after is None else min(plan.requeue_after, 3600))
-        raise AssertionError(f"never reached {until}; phases: {phases[-10:]}, status: {self.status}")
 
     def live(self, batch: int) -> None:
         """Step until batch ``batch`` has its traffic."""

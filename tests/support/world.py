@@ -52,8 +52,61 @@ def workload(name: str = "web", replicas: int = 10, image: str = "app:v1", **kw:
     )
 
 
+class Stepping:
+    """What both in-memory worlds share: the canary and routing actions, the user's annotations consumed,
+    and stepping the planner until a phase. A world holds ``canary``, ``prepared``, ``weight``,
+    ``narrowed``, ``annotations``, ``status`` and ``now``, and plans with :meth:`step`."""
+
+    canary: Workload | None
+    prepared: bool
+    weight: int
+    narrowed: bool
+    annotations: dict[str, str]
+    status: GreyReleaseStatus
+    now: datetime
+
+    def step(self) -> Plan:
+        raise NotImplementedError
+
+    def apply_common(self, action: object) -> bool:
+        """Apply ``action`` if it is one both worlds carry out alike; False when it is not."""
+        match action:
+            case DeleteCanary():
+                if self.canary is not None and self.canary.owner_uid == UID:
+                    self.canary = None
+            case PrepareRouting():
+                self.prepared = True
+            case SetWeight(weight=w):
+                self.weight = w
+                self.narrowed = w == 0
+            case RestoreStableSelector():
+                self.narrowed = False
+            case ResetRouting():
+                self.narrowed = False
+                self.prepared = False
+                self.weight = 0
+            case RemoveAnnotations(keys=keys):
+                for k in keys:
+                    self.annotations.pop(k, None)
+            case _:
+                return False
+        return True
+
+    def run(self, *, until: set[str], max_steps: int = 200, tick: float = 1.0) -> list[str]:
+        """Step (advancing time by ``tick`` when the plan waits) until the phase is in ``until``."""
+        phases = []
+        for _ in range(max_steps):
+            plan = self.step()
+            phases.append(plan.status.phase or "")
+            if plan.status.phase in until:
+                return phases
+            if plan.requeue_after is None or plan.requeue_after > 0:
+                self.now += timedelta(seconds=tick if plan.requeue_after is None else min(plan.requeue_after, 3600))
+        raise AssertionError(f"never reached {until}; phases: {phases[-10:]}, status: {self.status}")
+
+
 @dataclass
-class World:
+class World(Stepping):
     spec: GreyReleaseSpec
     stable: Workload | None = field(default_factory=workload)
     canary: Workload | None = None
@@ -117,37 +170,10 @@ class World:
                         template_hash="newhash" if changed else self.stable.template_hash,
                     )
                 )
-            case DeleteCanary():
-                if self.canary is not None and self.canary.owner_uid == UID:
-                    self.canary = None
-            case PrepareRouting():
-                self.prepared = True
-            case SetWeight(weight=w):
-                self.weight = w
-                self.narrowed = w == 0
-            case RestoreStableSelector():
-                self.narrowed = False
-            case ResetRouting():
-                self.narrowed = False
-                self.prepared = False
-                self.weight = 0
-            case RemoveAnnotations(keys=keys):
-                for k in keys:
-                    self.annotations.pop(k, None)
+            case _ if self.apply_common(action):
+                pass
             case _:
                 raise AssertionError(f"unexpected action {action}")
-
-    def run(self, *, until: set[str], max_steps: int = 200, tick: float = 1.0) -> list[str]:
-        """Step (advancing time by ``tick`` when the plan waits) until the phase is in ``until``."""
-        phases = []
-        for _ in range(max_steps):
-            plan = self.step()
-            phases.append(plan.status.phase or "")
-            if plan.status.phase in until:
-                return phases
-            if plan.requeue_after is None or plan.requeue_after > 0:
-                self.now += timedelta(seconds=tick if plan.requeue_after is None else min(plan.requeue_after, 3600))
-        raise AssertionError(f"never reached {until}; phases: {phases[-10:]}, status: {self.status}")
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)

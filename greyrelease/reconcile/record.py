@@ -125,6 +125,16 @@ def stored(value: Any) -> Any:
     return value
 
 
+_EMPTY = GreyReleaseStatus().model_dump(by_alias=True, mode="json")
+#: The top-level fields of the status, as stored (their aliases).
+_FIELDS = tuple(_EMPTY)
+#: The stored form of each field that may be None, when it is: absent (None here) for all but
+#: ``endPhase``, whose None is written ``""``.
+_NONE_FORMS = {str(f.alias): _EMPTY[str(f.alias)] for f in GreyReleaseStatus.model_fields.values() if f.default is None}
+#: A field whose None has no known stored form: never equal, the comparison field by field decides.
+_UNKNOWN = object()
+
+
 def status_patch(release: Obj, status: GreyReleaseStatus) -> Obj | None:
     """The status merge patch that records ``status``, or None when the object has it already.
 
@@ -132,13 +142,21 @@ def status_patch(release: Obj, status: GreyReleaseStatus) -> Obj | None:
     CRD's schema drops a null in a list item), so a null in the model is a missing key.
     """
     old = release.get("status") or {}
-    new = status.model_dump(by_alias=True, mode="json")
-    # Most passes write nothing, so this comparison runs on every pass: pydantic drops the nulls while
-    # serialising (exclude_none) rather than stored() walking both sides (bench/README.md, "The status
-    # compared as pydantic serialises it"). exclude_none
-    # also drops a field whose None is written as something else (endPhase, ""): such a field is taken
-    # from ``new``. Equal here is equal as stored; stored() decides only the keys that differ.
+    # Most passes write nothing, so this comparison runs on every pass: the status serialised once, by
+    # pydantic without its nulls (exclude_none), and compared with what is stored as it is, a field whose
+    # None is stored otherwise (endPhase, "") in that form (bench/README.md, "The status compared as
+    # pydantic serialises it"). Equal here is equal as stored.
     kept = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    for k in _FIELDS:
+        if old.get(k) != (kept[k] if k in kept else _NONE_FORMS.get(k, _UNKNOWN)):
+            break
+    else:
+        return None
+    # A field differs at first sight (or the object holds a null): the status with its nulls, the patch if
+    # one is written (a null removes a key the object has, at any depth), decides field by field.
+    # exclude_none drops a field whose None is written as something else (endPhase, ""): such a field is
+    # taken from ``new``. stored() walks only the keys that differ.
+    new = status.model_dump(by_alias=True, mode="json")
     for k, v in new.items():
         held = old.get(k)
         if held != kept.get(k, v) and stored(held) != stored(v):

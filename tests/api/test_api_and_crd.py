@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from greyrelease.api.crd import render
-from greyrelease.api.release import GreyReleaseSpec, parse_duration
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, fmt_time, parse_duration, parse_time
 from greyrelease.planner.batches import PlanError, expand
 from greyrelease.planner.images import label_value, split_tag, target_image, version_of
 from pydantic import ValidationError
@@ -182,3 +183,31 @@ def test_the_policy_sample_is_what_the_models_accept() -> None:
     policy = GreyReleasePolicy.model_validate(doc)
     assert policy.spec.governs("shop", {}) and not policy.spec.governs("default", {})
     assert policy.spec.concurrency is not None and policy.spec.concurrency.max_progressing == 2
+
+
+@pytest.mark.parametrize(
+    ("t", "text"),
+    [
+        (datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC), "2026-01-01T12:00:00.000Z"),
+        (datetime(2026, 1, 1, 12, 0, 0, 999999, tzinfo=UTC), "2026-01-01T12:00:00.999Z"),  # cut, not rounded
+        (
+            datetime(2026, 1, 1, 13, 30, 0, 1500, tzinfo=timezone(timedelta(hours=1, minutes=30))),
+            "2026-01-01T12:00:00.001Z",
+        ),
+        (datetime(2026, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=-11))), "2026-01-01T11:30:00.000Z"),
+        (datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone(timedelta(0), "Z")), "2026-01-01T12:00:00.000Z"),
+    ],
+)
+def test_times_are_written_in_utc_to_the_millisecond(t: datetime, text: str) -> None:
+    assert fmt_time(t) == text
+
+
+def test_a_time_read_back_is_written_as_it_was_stored() -> None:
+    """Read back through the model, a time is at pydantic's own zero offset, not UTC: written unchanged."""
+    stored = {"phaseStartedAt": "2026-01-01T12:00:00.120Z", "batchTimes": {"readyAt": "2030-06-30T23:59:59.999Z"}}
+    status = GreyReleaseStatus.model_validate(stored)
+    assert status.phase_started_at is not None and status.phase_started_at.tzinfo is not UTC
+    dumped = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert dumped["phaseStartedAt"] == stored["phaseStartedAt"]
+    assert dumped["batchTimes"] == stored["batchTimes"]
+    assert fmt_time(parse_time("2026-01-01T13:00:00.5+01:00") or datetime.min) == "2026-01-01T12:00:00.500Z"

@@ -694,12 +694,13 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
                 assert drift.in_sync, drift.diff
             assert v1_uids & pod_uids(scene), "the stable's pods were replaced"
 
-            cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/promote=next")
+            # Follow mode removes no annotation: each approval names its batch (a new value each time).
+            cluster.kubectl("annotate", "gr", "web", "-n", namespace, "--overwrite", "greyrelease.io/promote=1")
             scene.wait_status(
                 lambda st: st.get("currentBatch") == 2 and st.get("batchState") == "WaitingForApproval", 90, "batch 2"
             )
             scene.deployments.wait(lambda: canary_ready(3), 60, "the canary at 100 % of 3")
-            cluster.kubectl("annotate", "gr", "web", "-n", namespace, "greyrelease.io/promote=next")
+            cluster.kubectl("annotate", "gr", "web", "-n", namespace, "--overwrite", "greyrelease.io/promote=2")
             scene.wait_phase({"Succeeded"}, 120)
             scene.deployments.wait(lambda: scene.deployments.get("web-canary") is None, 60, "the canary deleted")
             final_drift = gitops.drift()
@@ -919,8 +920,18 @@ def test_an_abort_mid_release_cuts_the_canary_within_a_second_and_leaves_the_tem
 
                 wait_for(canary_answered, 30, f"abort {i + 1}: canary answers", interval=0.1)
                 t0 = time.time()
+                # The abort before stays on the object (follow mode removes no annotation): a new value each time.
                 subprocess.run(
-                    [cluster.kubectl_path, "annotate", "gr", "web", "-n", namespace, "greyrelease.io/abort=true"],
+                    [
+                        cluster.kubectl_path,
+                        "annotate",
+                        "gr",
+                        "web",
+                        "-n",
+                        namespace,
+                        "--overwrite",
+                        f"greyrelease.io/abort=true@{i + 1}",
+                    ],
                     env=cluster.env,
                     check=True,
                     capture_output=True,

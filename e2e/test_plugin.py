@@ -174,7 +174,7 @@ def test_every_subcommand_on_a_real_release(
         "v3 at batch 1",
     )
     aborted = gr_cmd(cluster, "abort", "web", "-n", namespace).stdout
-    assert aborted.strip() == "greyrelease.greyrelease.io/web annotated (greyrelease.io/abort=true)"
+    assert aborted.strip().startswith("greyrelease.greyrelease.io/web annotated (greyrelease.io/abort=true@"), aborted
     wait_phase(cluster, namespace, "web", {"Aborted"}, timeout=60)
     out = gr_cmd(cluster, "status", "web", "-n", namespace).stdout
     assert field(out, "Phase").startswith("Aborted") and field(out, "Weight") == "0% to the canary"

@@ -766,6 +766,37 @@ class LastRelease(_Camel):
     message: str = Field("", description="Why it ended so.")
 
 
+class RequestRecord(_Camel):
+    """Follow mode: the last value of one request annotation (``greyrelease.io/abort``, ``promote``,
+    ``retry``) the controller saw, the release it is for, and what became of it. The annotation itself is
+    never removed: a value recorded here is not acted on again (see Follow mode in the README)."""
+
+    annotation: str = Field(
+        description="The annotation: greyrelease.io/abort, greyrelease.io/promote or greyrelease.io/retry."
+    )
+    value: str = Field(description="Its value as seen. A different value is a new request.")
+    template: str = Field(
+        "",
+        description="The release it is for: the digest of the template under way (or held) when the value was "
+        "first seen; empty when none was.",
+    )
+    batch: int | None = Field(None, description="promote: the batch it approves (next as the batch it was seen at).")
+    seen_at: Timestamp | None = Field(None, description="When the value was first seen.")
+    done_at: Timestamp | None = Field(
+        None, description="When it was honoured, or found not to apply; absent while it waits (promote: for its batch)."
+    )
+    result: str = Field("", description="What it did, or why it did nothing, in words.")
+
+
+class ApprovalRecord(_Camel):
+    """Follow mode: an approval the release under way was given (greyrelease.io/promote)."""
+
+    batch: int = Field(description="The batch approved: it went on from there.")
+    template: str = Field("", description="The digest of the template of the release it approved.")
+    request: str = Field("", description="The annotation's value that approved it (2, next, full...).")
+    at: Timestamp | None = Field(None, description="When it was honoured.")
+
+
 class BatchTimes(_Camel):
     """When the current batch began, went live and waits until. A batch that begins starts them afresh; one
     that ends (the promotion, the end of a rollback) keeps only when it began."""
@@ -823,7 +854,7 @@ class GreyReleaseStatus(_Camel):
         default_factory=BatchTimes, description="The current batch's timers: when it began, went live, waits until."
     )
     queue_position: int | None = Field(None, description="While Queued: 1 for the next release to start.")
-    last_promotion: str = Field("", description="The last greyrelease.io/promote consumed, with its batch and time.")
+    last_promotion: str = Field("", description="The last greyrelease.io/promote honoured, with its batch and time.")
     conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
     metrics: list[MetricStatus] = Field(
         default_factory=list, description="Each metric's last value, verdict and check counts in this batch."
@@ -840,6 +871,14 @@ class GreyReleaseStatus(_Camel):
         None, description="Follow mode: the ReplicaSet the Deployment's pods run, the stable of a release."
     )
     last_release: LastRelease | None = Field(None, description="The last release that ended, and how.")
+    requests: list[RequestRecord] = Field(
+        default_factory=list,
+        description="Follow mode: the request annotations seen (one record each: its value, the release it is "
+        "for, what it did). A value recorded here is not acted on again; the annotations are never removed.",
+    )
+    approvals: list[ApprovalRecord] = Field(
+        default_factory=list, description="Follow mode: the batches of the release under way approved, in order."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
     kubectl gr status NAME [-n NS] [-w [--keep]]   phase, batch progress, weight, replicas, metrics, events
     kubectl gr abort|pause|resume|retry NAME       the greyrelease.io/ annotations the controller acts on
-    kubectl gr promote NAME [--full]               approve the next batch (or skip to the end)
+    kubectl gr promote NAME [--full]               approve the current batch (or skip to the end)
     kubectl gr plan -f FILE [--replicas N] [--start T]   the batches of a release and when each would start
 
 Credentials are the user's, as kubectl would find them: ``--kubeconfig``, then ``$KUBECONFIG``, then
@@ -279,7 +279,6 @@ class Cluster:
         return [e for e in items if e.get("involvedObject", {}).get("uid") in (None, meta.get("uid"))]
 
     def annotate(self, name: str, annotations: dict[str, str | None]) -> Obj:
-        self.release(name)  # a clear "not found" rather than a patch error
         release = path(GROUP, VERSION, PLURAL, self.namespace, name)
         return self.kube.patch(release, {"metadata": {"annotations": annotations}})
 
@@ -332,16 +331,28 @@ def cmd_status(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
         return 0
 
 
-def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
-    stamp = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+def request_changes(command: str, release: Obj, now: datetime, *, full: bool = False) -> dict[str, str | None]:
+    """The annotations a steering command writes on ``release``. Every value a request carries is new
+    (``@`` and the time after the word): a follow-mode release never removes its request annotations and
+    acts on a value only once, so the same command given twice must write two values. ``promote`` names
+    the batch the release is at (the one ``kubectl get gr`` shows as current; batch 1 before the first)."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if command == "promote":
+        if full:
+            return {PROMOTE_ANNOTATION: f"full@{stamp}"}
+        batch = int((release.get("status") or {}).get("currentBatch") or 0)
+        return {PROMOTE_ANNOTATION: f"{max(batch, 1)}@{stamp}"}
     requests: dict[str, dict[str, str | None]] = {
-        "abort": {ABORT_ANNOTATION: "true"},
+        "abort": {ABORT_ANNOTATION: f"true@{stamp}"},
         "pause": {PAUSE_ANNOTATION: "true"},
         "resume": {PAUSE_ANNOTATION: None},
         "retry": {RETRY_ANNOTATION: stamp},
-        "promote": {PROMOTE_ANNOTATION: "full" if getattr(args, "full", False) else "next"},
     }
-    changes = requests[args.command]
+    return requests[command]
+
+
+def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
+    changes = request_changes(args.command, cluster.release(args.name), _now(), full=getattr(args, "full", False))
     release = cluster.annotate(args.name, changes)
     done = ", ".join(f"{k}={v}" if v is not None else f"{k}-" for k, v in changes.items())
     print(f"{SINGULAR}.{GROUP}/{args.name} annotated ({done})", file=out)
@@ -397,15 +408,17 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--keep", action="store_true", help="with -w: keep watching after it finished")
     status.add_argument("--interval", type=float, default=POLL_SECONDS, help=argparse.SUPPRESS)
     for name, text in (
-        ("abort", "stop now: all traffic back to stable, the canary removed (greyrelease.io/abort=true)"),
+        ("abort", "stop now: all traffic back to stable, the canary removed (greyrelease.io/abort=true@<now>)"),
         ("pause", "hold at the current batch (greyrelease.io/pause=true)"),
         ("resume", "go on after a pause (removes greyrelease.io/pause)"),
         ("retry", "start an Aborted or Failed release again (greyrelease.io/retry=<now>)"),
     ):
         sub.add_parser(name, parents=[common], help=text).add_argument("name")
-    promote = sub.add_parser("promote", parents=[common], help="approve the next batch (greyrelease.io/promote)")
+    promote = sub.add_parser(
+        "promote", parents=[common], help="approve the current batch (greyrelease.io/promote=<batch>@<now>)"
+    )
     promote.add_argument("name")
-    promote.add_argument("--full", action="store_true", help="skip the remaining batches (promote=full)")
+    promote.add_argument("--full", action="store_true", help="skip the remaining batches (promote=full@<now>)")
     plan = sub.add_parser("plan", parents=[common], help="show the batches of a GreyRelease file")
     plan.add_argument("-f", "--filename", "--file", dest="file", required=True, help="YAML file ('-' for stdin)")
     plan.add_argument("--replicas", type=int, help="replicas of the target (default: read from the cluster)")

@@ -18,8 +18,10 @@ from greyrelease.api.release import (
     Phase,
     fmt_time,
 )
+from greyrelease.planner import asks
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import RemoveAnnotations, ScaleStable
+from greyrelease.planner.asks import word
 from greyrelease.planner.batches import MANUAL, Approval
 from greyrelease.planner.passes import CONVERGE_POLL, ENDPOINTS_POLL, GO_ON, WAIT, Batch, Pass, Then, paused
 from greyrelease.planner.promotion import start_promotion
@@ -87,7 +89,7 @@ def _go_live(p: Pass, b: Batch) -> Then:
     )
     p.history(step.number, canary_replicas=step.canary_replicas, weight=step.weight, ready_at=p.now)
     p.event(R.BATCH_READY, f"{b.label}: {step.canary_replicas} canary pods ready, weight {step.weight}%")
-    p.set(message=_hold_message(b, next_check, expires))
+    p.set(message=_hold_message(b, next_check, expires, follow=p.follow))
     if expires is not None:
         p.at(expires)
     if p.spec.analysis is not None:
@@ -95,7 +97,7 @@ def _go_live(p: Pass, b: Batch) -> Then:
         # waking only at the pause's end would let a bad canary serve, unjudged, for the whole pause.
         p.again(analysis_interval(p.spec.analysis))
     if manual:
-        p.event(R.WAITING_FOR_APPROVAL, f"{b.label} waits for greyrelease.io/promote=next")
+        p.event(R.WAITING_FOR_APPROVAL, f"{b.label} waits for greyrelease.io/promote={_asked(p, b)}")
         return WAIT
     if pause is not None:
         p.again(pause)
@@ -106,13 +108,21 @@ def _go_live(p: Pass, b: Batch) -> Then:
     return WAIT
 
 
-def _hold_message(b: Batch, next_check: datetime | None, expires: datetime | None = None) -> str:
+def _asked(p: Pass, b: Batch) -> str:
+    """The approval a batch waits for: ``next`` in pinned mode, its number (quoted) in follow mode."""
+    return f'"{b.step.number}"' if p.follow else "next"
+
+
+def _hold_message(
+    b: Batch, next_check: datetime | None, expires: datetime | None = None, *, follow: bool = False
+) -> str:
     step = b.step
     if step.pause == MANUAL:
         until = ""
         if expires is not None and step.approval is not None:
             until = f" until {fmt_time(expires)}, then {step.approval.on_timeout}"
-        return f"{b.label}: weight {step.weight}%, {WAITING_TEXT}{until} (annotate greyrelease.io/promote=next)"
+        asked = f'"{step.number}"' if follow else "next"
+        return f"{b.label}: weight {step.weight}%, {WAITING_TEXT}{until} (annotate greyrelease.io/promote={asked})"
     if next_check:
         return f"{b.label}: weight {step.weight}%, pausing until {fmt_time(next_check)}"
     return f"{b.label}: weight {step.weight}%"
@@ -127,20 +137,15 @@ def verify(p: Pass, b: Batch) -> Then:
     if gate is not None and gate.failed:
         return roll_back(p, Phase.FAILED, R.ANALYSIS_FAILED, f"{b.label}: {gate.message}")
 
-    promote = p.world.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
-    if promote in ("next", "full"):
-        # Consumed once: the annotation is removed before the step it approved is recorded, so a
-        # controller that dies in between drops the approval rather than applying it twice.
-        p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
-        p.set(last_promotion=f"{promote} at {b.label} {fmt_time(p.now)}")
-        p.event(R.PROMOTED, f"promote={promote} at {b.label}")
-        if promote == "full":
+    approved = _follow_approval(p, b) if p.follow else _pinned_approval(p, b)
+    if approved is not None:
+        kind, shown = approved
+        p.set(last_promotion=f"{shown} at {b.label} {fmt_time(p.now)}")
+        p.event(R.PROMOTED, f"promote={shown} at {b.label}")
+        if kind == "full":
             p.history(k, finished_at=p.now, result="promoted (full)")
             return start_promotion(p, n)
         return _next_batch(p, b, result="promoted")
-    if PROMOTE_ANNOTATION in p.world.annotations:
-        p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
-        p.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={promote!r}: use next or full", warning=True)
 
     times = p.status.batch_times
     if step.pause == MANUAL:
@@ -153,7 +158,7 @@ def verify(p: Pass, b: Batch) -> Then:
                 return _approval_expired(p, b, step.approval)
             p.at(expires)
         p.times(approval_expires_at=expires)
-        p.set(batch_state=BatchState.WAITING_FOR_APPROVAL, message=_hold_message(b, None, expires))
+        p.set(batch_state=BatchState.WAITING_FOR_APPROVAL, message=_hold_message(b, None, expires, follow=p.follow))
         return WAIT
     if times.next_check_at is not None and p.now < times.next_check_at:
         p.at(times.next_check_at)
@@ -173,6 +178,42 @@ def verify(p: Pass, b: Batch) -> Then:
         p.at(deadline)
         return WAIT
     return _next_batch(p, b, result="passed")
+
+
+def _pinned_approval(p: Pass, b: Batch) -> tuple[str, str] | None:
+    """Pinned mode: ``promote=next``, ``promote=<this batch>`` or ``promote=full`` approves the live batch
+    (``next`` or ``full``, and the word as written). Consumed once: the annotation is removed before the
+    step it approved is recorded, so a controller that dies in between drops the approval rather than
+    applying it twice. Any other value is removed with a Warning."""
+    value = p.world.annotations.get(PROMOTE_ANNOTATION)
+    if value is None:
+        return None
+    what = word(value)
+    p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
+    if what in ("next", "full") or what == str(b.step.number):
+        return ("full" if what == "full" else "next", what)
+    if what.isdigit():
+        p.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={value!r}: the release is at {b.label}", warning=True)
+    else:
+        p.event(R.INVALID_SPEC, f"ignored greyrelease.io/promote={what!r}: use next or full", warning=True)
+    return None
+
+
+def _follow_approval(p: Pass, b: Batch) -> tuple[str, str] | None:
+    """Follow mode: the approval waiting for the release under way, when it is of this batch (or ``full``):
+    honoured, and recorded (``status.requests``, ``status.approvals``); the annotation stays (see
+    :mod:`.requests`)."""
+    rec = asks.waiting(p, PROMOTE_ANNOTATION)
+    if rec is None:
+        return None
+    k = b.step.number
+    if word(rec.value) == "full":
+        asks.approve(p, rec, k, f"promoted in full at {b.label}")
+        return ("full", "full")
+    if rec.batch == k:
+        asks.approve(p, rec, k, f"approved {b.label}")
+        return ("next", str(k))
+    return None
 
 
 def _approval_expired(p: Pass, b: Batch, approval: Approval) -> Then:
@@ -231,9 +272,17 @@ def _advance(p: Pass, b: Batch) -> Then:
 
 def between(p: Pass, b: Batch) -> Then:
     """Done (Waiting, or Progressing after a pause): the batch passed; start the next one once a window
-    is open. ``promote=full`` is never held; ``promote=next`` is the approval the batch already had."""
-    promote = p.world.annotations.get(PROMOTE_ANNOTATION, "").strip().lower()
-    if PROMOTE_ANNOTATION in p.world.annotations:
+    is open. ``promote=full`` is never held; ``promote=next`` is the approval the batch already had (pinned
+    mode removes it with a Warning; follow mode refused it when it first saw it, see :mod:`.requests`)."""
+    if p.follow:
+        rec = asks.waiting(p, PROMOTE_ANNOTATION)
+        if rec is not None and word(rec.value) == "full":
+            asks.approve(p, rec, b.step.number, f"promoted in full at {b.label}")
+            p.set(last_promotion=f"full at {b.label} {fmt_time(p.now)}")
+            p.event(R.PROMOTED, f"promote=full at {b.label}")
+            return start_promotion(p, len(b.steps))
+    elif PROMOTE_ANNOTATION in p.world.annotations:
+        promote = word(p.world.annotations[PROMOTE_ANNOTATION])
         p.act(RemoveAnnotations((PROMOTE_ANNOTATION,)))
         if promote == "full":
             p.set(last_promotion=f"full at {b.label} {fmt_time(p.now)}")

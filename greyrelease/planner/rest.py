@@ -6,10 +6,9 @@ a release (:func:`~greyrelease.planner.start.start`: governance first, then batc
 
 from __future__ import annotations
 
-from greyrelease.api.release import ABORT_ANNOTATION, RETRY_ANNOTATION, BatchTimes, Phase
+from greyrelease.api.release import BatchTimes, Phase
 from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import RemoveAnnotations
 from greyrelease.planner.passes import WAIT, Pass, Then
 from greyrelease.planner.start import start
 
@@ -42,11 +41,8 @@ def finished(p: Pass) -> Then:
 
 
 def begin(p: Pass) -> Then:
-    """Follow mode: a new template is held: a fresh release of it (a sticky abort or a retry, which were
-    for the release before, are consumed with it)."""
-    consumed = tuple(k for k in (ABORT_ANNOTATION, RETRY_ANNOTATION) if k in p.world.annotations)
-    if consumed:
-        p.act(RemoveAnnotations(consumed))
+    """Follow mode: a new template is held: a fresh release of it. An abort or a retry left on the object
+    was for the release before (:mod:`.requests`): it stays, and does nothing to this one."""
     fresh(p)
     return start(p)
 
@@ -61,5 +57,6 @@ def fresh(p: Pass) -> None:
         metrics=[],
         batch_times=BatchTimes(),
         last_promotion="",
+        approvals=[],
         end_phase=None,
     )

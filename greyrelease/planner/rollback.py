@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from greyrelease.api.release import Outcome, Phase, Restore
-from greyrelease.planner import follow
+from greyrelease.api.release import PROMOTE_ANNOTATION, Outcome, Phase, Restore
+from greyrelease.planner import asks, follow
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import DeleteCanary, ResetRouting, SetStableImage, Unenrol
 from greyrelease.planner.passes import CONVERGE_POLL, WAIT, Pass, Then, started
@@ -30,7 +30,10 @@ def roll_back(p: Pass, end: Phase, reason: str, message: str, *, warning: bool =
     """Traffic to stable at once: the pass that decides it writes the weight, its Event and the status,
     nothing else. Putting the stable back and removing the canary follow in the next pass, which is not
     urgent: when many releases roll back at once (a burst of aborts), every one of them has its traffic
-    cut before the API server is kept busy restoring capacity."""
+    cut before the API server is kept busy restoring capacity. In follow mode an approval that waited for
+    the release is dropped with it (``promote=full`` must not accept a template whose release failed)."""
+    if p.follow:
+        asks.drop_waiting(p, PROMOTE_ANNOTATION, "the release rolled back")
     p.set_weight(0)
     p.set(canary_weight=0, end_phase=end)
     p.phase(Phase.ROLLING_BACK, message)

@@ -333,7 +333,8 @@ class Runtime:
         if self.registry.last_seen.get(key) != seen:
             self.registry.last_seen[key] = seen
             self.registry.urgent.add(key)
-            if aborting(meta.get("annotations") or {}, (obj.get("status") or {}).get("phase")):
+            status = obj.get("status") or {}
+            if aborting(meta.get("annotations") or {}, status.get("phase"), _requests_seen(status)):
                 self.registry.aborting.add(key)
             self.registry.poke(key)
 
@@ -399,3 +400,13 @@ class Runtime:
                 f"Deployments or GreyReleasePolicies not listed within {timeout:g}s; reading them from the API "
                 "server meanwhile"
             )
+
+
+def _requests_seen(status: Obj) -> dict[str, str]:
+    """Follow mode: the value of each request annotation the status records as seen (``status.requests``);
+    empty in pinned mode, which records none."""
+    seen: dict[str, str] = {}
+    for rec in status.get("requests") or []:
+        if isinstance(rec, dict) and isinstance(rec.get("annotation"), str) and isinstance(rec.get("value"), str):
+            seen[rec["annotation"]] = rec["value"]
+    return seen

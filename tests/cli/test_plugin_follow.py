@@ -3,10 +3,12 @@ and how the last release ended."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from greyrelease.cli.plugin import render_status
+from greyrelease.api.release import ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION
+from greyrelease.cli.plugin import render_status, request_changes
+from greyrelease.planner.asks import word
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -46,3 +48,24 @@ def test_nothing_held_shows_only_the_mode_and_pinned_mode_shows_none_of_it() -> 
     assert lines(idle, "Mode") and not lines(idle, "Held") and not lines(idle, "Last")
     pinned = render_status(followed({"phase": "Progressing", "held": {"digest": "x"}}, targetVersion="v2"), [], NOW)
     assert not lines(pinned, "Mode") and not lines(pinned, "Held")
+
+
+# --- the requests it writes ---------------------------------------------------------------------------
+
+
+def test_promote_writes_the_current_batch_and_a_time_so_each_promote_is_a_new_value() -> None:
+    waiting = followed({"phase": "Progressing", "batchState": "WaitingForApproval", "currentBatch": 2})
+    first = request_changes("promote", waiting, NOW)
+    again = request_changes("promote", waiting, NOW + timedelta(seconds=1))
+    assert first == {PROMOTE_ANNOTATION: "2@2025-06-01T12:00:00Z"}
+    assert again == {PROMOTE_ANNOTATION: "2@2025-06-01T12:00:01Z"} and again != first
+    assert request_changes("promote", followed({}), NOW) == {PROMOTE_ANNOTATION: "1@2025-06-01T12:00:00Z"}
+    assert request_changes("promote", waiting, NOW, full=True) == {PROMOTE_ANNOTATION: "full@2025-06-01T12:00:00Z"}
+
+
+def test_abort_and_retry_write_new_values_and_resume_removes_the_pause() -> None:
+    running = followed({"phase": "Progressing", "currentBatch": 1})
+    abort = request_changes("abort", running, NOW)
+    assert abort == {ABORT_ANNOTATION: "true@2025-06-01T12:00:00Z"} and word(abort[ABORT_ANNOTATION]) == "true"
+    assert request_changes("retry", running, NOW) == {RETRY_ANNOTATION: "2025-06-01T12:00:00Z"}
+    assert request_changes("resume", running, NOW) == {PAUSE_ANNOTATION: None}

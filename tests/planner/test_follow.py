@@ -279,7 +279,7 @@ def test_retry_after_an_abort_starts_batch_one_of_the_held_template_again() -> N
     w, digest = aborted()
     w.annotations[RETRY_ANNOTATION] = "1"
     plan = w.step()
-    assert plan.actions[0] == RemoveAnnotations((ABORT_ANNOTATION, RETRY_ANNOTATION))
+    assert not any(isinstance(a, RemoveAnnotations) for a in plan.actions)  # the annotations stay
     assert EnsureCanary(replicas=1, template=digest) in plan.actions
     assert (plan.status.phase, plan.status.current_batch) == ("Progressing", 1)
     assert R.RETRIED in [e.reason for e in plan.events]
@@ -291,20 +291,27 @@ def test_promote_full_after_an_abort_accepts_the_template_without_a_canary() -> 
     w, digest = aborted()
     w.annotations[PROMOTE_ANNOTATION] = "full"
     plan = w.step()
-    assert plan.actions[0] == RemoveAnnotations((PROMOTE_ANNOTATION, ABORT_ANNOTATION))
+    assert not any(isinstance(a, RemoveAnnotations) for a in plan.actions)
     assert ReleaseHold(digest) in plan.actions and not any(isinstance(a, EnsureCanary) for a in plan.actions)
     w.run(until={"Succeeded"})
     assert w.deployment.current == digest and w.canary is None
     assert w.status.last_release is not None and w.status.last_release.outcome == Outcome.SUCCEEDED
 
 
-def test_a_new_template_after_an_abort_is_a_new_release_and_consumes_the_abort() -> None:
-    w, _ = aborted()
+def test_a_new_template_after_an_abort_is_a_new_release_that_the_abort_left_on_the_object_does_not_abort() -> None:
+    w, v2 = aborted()
     v3 = w.commit("app:v3")
+    before = len(w.plans)
     plan = w.step()
-    assert plan.actions[0] == RemoveAnnotations((ABORT_ANNOTATION,))
+    assert not any(isinstance(a, RemoveAnnotations) for a in plan.actions)
     assert EnsureCanary(replicas=1, template=v3) in plan.actions
     assert plan.status.restore.template == v3 and plan.status.phase == Phase.PROGRESSING
+    assert w.annotations[ABORT_ANNOTATION] == "true"  # still there, as Git may declare it
+    (record,) = plan.status.requests
+    assert (record.value, record.template) == ("true", v2)  # the abort was v2's
+    w.run(until={"Succeeded"})
+    assert w.deployment.current == v3
+    assert all(q.status.phase not in (Phase.ROLLING_BACK, Phase.ABORTED) for q in w.plans[before:])
 
 
 def test_a_revert_after_an_abort_releases_the_hold_and_restarts_no_pod() -> None:
@@ -325,10 +332,13 @@ def test_an_abort_once_the_hold_is_released_is_too_late_and_says_so() -> None:
     w.run(until={"Promoting"})
     w.annotations[ABORT_ANNOTATION] = "true"
     plan = w.step()
-    assert plan.actions == (RemoveAnnotations((ABORT_ANNOTATION,)),)
+    assert plan.actions == ()
     assert plan.status.phase == Phase.PROMOTING
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.ABORTED)]
     assert "revert the template" in plan.events[0].message
+    assert plan.status.requests[0].result.startswith("refused: ")
+    again = w.step()  # the same value, seen again: refused once, not again
+    assert again.events == () and again.status.phase == Phase.PROMOTING
 
 
 # --- superseded, reverted -----------------------------------------------------------------------------

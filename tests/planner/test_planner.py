@@ -289,6 +289,22 @@ def test_timed_pause_waits_exactly_and_requeues_for_the_rest() -> None:
     assert plan.status.history[0].result == "passed"
 
 
+def test_pinned_mode_takes_the_batch_number_kubectl_gr_writes_and_consumes_it() -> None:
+    w = started(World(spec(pause="manual")))
+    hold(w)
+    w.annotations[PROMOTE_ANNOTATION] = "1@2026-01-01T12:00:00Z"
+    plan = w.step()
+    assert plan.actions[0] == RemoveAnnotations((PROMOTE_ANNOTATION,))
+    assert plan.status.current_batch == 2 and plan.status.last_promotion.startswith("1 at batch 1/")
+    assert plan.status.requests == [] and plan.status.approvals == []  # pinned mode records none
+    hold(w)
+    w.annotations[PROMOTE_ANNOTATION] = "3"  # not the batch it is at: refused, and consumed
+    plan = w.step()
+    assert plan.actions == (RemoveAnnotations((PROMOTE_ANNOTATION,)),) and plan.status.current_batch == 2
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.INVALID_SPEC)]
+    assert "the release is at batch 2/" in plan.events[0].message
+
+
 def test_manual_pause_waits_for_promote_next_and_consumes_it() -> None:
     w = started(World(spec(pause="manual")))
     plan = hold(w)

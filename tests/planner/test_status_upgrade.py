@@ -28,7 +28,7 @@ from greyrelease.planner.machine import Observed, Workload, decide
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
 #: Status fields the earlier controller did not write.
-NEW_FIELDS: frozenset[str] = frozenset({"batchState", "lastRelease", "held", "stable"})
+NEW_FIELDS: frozenset[str] = frozenset({"batchState", "lastRelease", "held", "stable", "requests", "approvals"})
 #: Conditions it did not write (kstatus's, added with follow mode).
 NEW_CONDITIONS: frozenset[str] = frozenset({"Ready", "Reconciling", "Stalled"})
 #: Fields of actions it did not have, at the value they have when not set.

@@ -135,8 +135,8 @@ def delete(p: Pass) -> None:
 def _hand_back(p: Pass) -> None:
     """Follow mode, the GreyRelease deleted: the Deployment handed back to Kubernetes and its owners. The
     canary's traffic cut and the canary removed first; then the routing reset, the hold released (the
-    Deployment controller rolls the template it holds, without a canary: a Warning says so) and the
-    enrolment label removed."""
+    Deployment controller rolls the template it holds, without a canary: a Warning on the release and one
+    on the Deployment say so) and the enrolment label removed."""
     world, target = p.world, p.world.target
     if world.own_canary is not None:
         p.set_weight(0)
@@ -161,6 +161,15 @@ def _hand_back(p: Pass) -> None:
         f"release deleted: Deployment {target.name} is no longer followed (label greyrelease.io/release removed"
         + (f"; {held})" if held else "; nothing was held)"),
         warning=True,
+    )
+    # The same on the Deployment, where it outlives the GreyRelease: its next templates are no longer held.
+    p.event(
+        R.HANDED_BACK,
+        f"GreyRelease {p.world.name} was deleted: this Deployment is no longer followed (label "
+        "greyrelease.io/release removed), its new templates roll without a canary"
+        + (f"; {held}" if held else "; nothing was held"),
+        warning=True,
+        about=target,
     )
     p.set(restore=Restore())
     p.done = True

@@ -25,7 +25,9 @@ from greyrelease.planner.actions import (
     DeleteCanary,
     Enrol,
     EnsureCanary,
+    Event,
     PrepareRouting,
+    Regarding,
     ReleaseHold,
     RemoveAnnotations,
     ResetRouting,
@@ -187,7 +189,7 @@ def test_a_release_waits_for_its_window_with_the_template_held() -> None:
     digest = w.commit("app:v2")
     plan = w.step()
     assert plan.status.phase == Phase.WAITING and plan.actions == ()
-    assert plan.status.message.startswith(f"template {digest} (app:v2) held; ")
+    assert plan.status.message.startswith(f"app:v2 (template {digest[:8]}) held; ")
     assert plan.status.held is not None and plan.status.held.digest == digest
     assert w.deployment.paused and w.deployment.held == digest
     assert kstatus(w) == ("False", "True", "False")
@@ -251,7 +253,7 @@ def test_an_abort_cuts_removes_the_canary_and_leaves_the_template_held() -> None
     assert w.canary is None and not w.prepared
     assert w.deployment.paused and w.deployment.held == digest and w.deployment.current == V1
     assert [a for a in w.applied if isinstance(a, ReleaseHold)] == []
-    assert st.message.startswith("aborted by annotation. Deployment web holds template " + digest + " (app:v2)")
+    assert st.message.startswith(f"aborted by annotation. Deployment web holds app:v2 (template {digest[:8]})")
     assert f"but runs ReplicaSet web-{V1[:6]} (app:v1)" in st.message
     for way in ("a new template", "a revert", "greyrelease.io/retry", "greyrelease.io/promote=full"):
         assert way in st.message
@@ -262,6 +264,58 @@ def test_an_abort_cuts_removes_the_canary_and_leaves_the_template_held() -> None
     quiet = w.step()
     assert (quiet.actions, quiet.events, quiet.status.phase) == ((), (), Phase.ABORTED)  # stays held
     no_stable_writes(w)
+
+
+def about_the_deployment(world: FollowWorld) -> list[Event]:
+    return [e for plan in world.plans for e in plan.events if e.about is not None]
+
+
+def test_an_abort_tells_the_deployment_why_it_stays_paused_once() -> None:
+    w, digest = aborted()
+    (told,) = about_the_deployment(w)
+    assert told.about == Regarding("web", "web-uid") and (told.type, told.reason) == ("Warning", R.RELEASE_ABORTED)
+    assert told.message.startswith(
+        f"paused by GreyRelease web, whose release of app:v2 (template {digest[:8]}) ended Aborted: aborted by "
+        f"annotation. The spec holds that template; the pods run ReplicaSet web-{V1[:6]} (app:v1)."
+    )
+    for way in ("a new commit", "a revert", "greyrelease.io/retry", "greyrelease.io/promote=full"):
+        assert way in told.message
+    # Posted in the pass that ends the release, beside the release's own Event of it.
+    (ending,) = [plan for plan in w.plans if told in plan.events]
+    assert ending.status.phase == Phase.ABORTED and R.ROLLED_BACK in [e.reason for e in ending.events]
+    w.step()
+    w.now += timedelta(hours=1)
+    w.step()
+    assert len(about_the_deployment(w)) == 1  # at rest, held: nothing more
+
+
+def test_an_abort_before_the_release_started_tells_the_deployment_too() -> None:
+    w = enrolled(windows=[{"days": ["Mon-Sun"], "start": "00:00", "end": "00:01"}])
+    digest = w.commit("app:v2")
+    assert w.step().status.phase == Phase.WAITING
+    w.annotations[ABORT_ANNOTATION] = "true"
+    plan = w.step()
+    assert plan.status.phase == Phase.ABORTED
+    told = [e for e in plan.events if e.about is not None]
+    assert [(e.reason, e.about) for e in told] == [(R.RELEASE_ABORTED, Regarding("web", "web-uid"))]
+    assert f"app:v2 (template {digest[:8]}) ended Aborted: aborted before it started" in told[0].message
+
+
+def test_a_failed_gate_tells_the_deployment_and_a_revert_does_not() -> None:
+    w = enrolled(progressDeadlineSeconds=30)
+    w.commit("app:v2")
+    w.pods_get_ready = False
+    w.run(until={"Failed"})
+    assert [e.reason for e in about_the_deployment(w)] == [R.RELEASE_FAILED]
+    assert "ended Failed: batch 1/3: 0/1 canary pods ready after 30s" in about_the_deployment(w)[0].message
+    w.commit("app:v1")
+    w.run(until={"Idle"})
+    reverted = enrolled(trafficRouting=SERVICE)
+    reverted.commit("app:v2")
+    reverted.live(1)
+    reverted.commit("app:v1")
+    reverted.run(until={"Idle"})
+    assert about_the_deployment(w)[1:] == [] and about_the_deployment(reverted) == []
 
 
 def test_a_failed_deadline_leaves_the_template_held_too() -> None:
@@ -394,8 +448,16 @@ def test_deleting_mid_release_hands_the_deployment_back() -> None:
     plan = w.step()
     assert plan.actions == (ResetRouting(), ReleaseHold(digest), Unenrol("web"))
     assert plan.done
-    assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.HANDED_BACK)]
+    assert [(e.type, e.reason, e.about) for e in plan.events] == [
+        ("Warning", R.HANDED_BACK, None),
+        ("Warning", R.HANDED_BACK, Regarding("web", "web-uid")),  # the same on the Deployment
+    ]
     assert "rolls now, without a canary" in plan.events[0].message
+    assert plan.events[1].message == (
+        "GreyRelease web was deleted: this Deployment is no longer followed (label greyrelease.io/release "
+        f"removed), its new templates roll without a canary; hold of app:v2 (template {digest[:8]}) released: it "
+        "rolls now, without a canary"
+    )
     d = w.deployment
     assert (d.paused, d.held, d.enrolled, d.current) == (False, "", "", digest)
     no_stable_writes(w)
@@ -417,6 +479,8 @@ def test_deleting_at_rest_removes_only_the_label() -> None:
     plan = w.step()
     assert plan.actions == (Unenrol("web"),) and plan.done
     assert "nothing was held" in plan.events[0].message
+    assert [e.about for e in plan.events] == [None, Regarding("web", "web-uid")]
+    assert plan.events[1].message.endswith("; nothing was held")
 
 
 # --- the audit, and the conditions --------------------------------------------------------------------

@@ -15,11 +15,13 @@ from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import (
     DeleteCanary,
+    EnsureCanary,
     ReleaseHold,
     ResetRouting,
     RestoreStableSelector,
     SetStableImage,
 )
+from greyrelease.planner.batches import PlanError
 from greyrelease.planner.images import target_image, version_of
 from greyrelease.planner.observed import Workload
 from greyrelease.planner.passes import CONVERGE_POLL, GO_ON, WAIT, Pass, Then
@@ -99,6 +101,28 @@ def _remove_canary(p: Pass) -> Then:
     return GO_ON
 
 
+def _keep_share(p: Pass, target: Workload, digest: str) -> None:
+    """While the Deployment controller rolls, the canary keeps its traffic, so it keeps its share of the
+    stable's replicas now, as during the batches: an HPA that scales the Deployment mid-rollout (it counts
+    the canary's pods too, which carry the stable's labels) resizes the canary with it. Left as it is, a
+    canary that carries all the traffic (a last batch at 100 % in the nginx and Gateway API modes) would
+    stay at the size of the load before. The share is that of the batch the promotion started from (the
+    last, or the one promote=full was given at); nothing without a canary (promote=full after an abort)."""
+    st, canary = p.status, p.world.canary
+    if canary is None or canary.deleting or p.world.own_canary is None or st.current_batch < 1:
+        return
+    try:
+        steps = p.steps(target.replicas)
+    except PlanError:
+        return  # (scaled to 0: the canary keeps its size rather than being planned from nothing)
+    step = steps[min(st.current_batch, len(steps)) - 1]
+    if canary.replicas != step.canary_replicas:
+        p.act(EnsureCanary(replicas=step.canary_replicas, template=digest))
+    sizes = (step.canary_replicas, step.stable_replicas, step.weight)
+    if (st.canary_replicas, st.stable_replicas, st.canary_weight) != sizes:
+        p.set(canary_replicas=step.canary_replicas, stable_replicas=step.stable_replicas, canary_weight=step.weight)
+
+
 def _promote_following(p: Pass, target: Workload) -> Then:
     """Follow mode: the hold released, the native rollout waited for with the canary keeping its traffic
     (no deadline of ours: the hold is gone, there is nothing to roll back to but a revert; the
@@ -112,6 +136,7 @@ def _promote_following(p: Pass, target: Workload) -> Then:
         p.act(RestoreStableSelector(), ReleaseHold(target.held))
     target = p.world.target or target
     if not target.rolled_out_template(digest):
+        _keep_share(p, target, digest)
         # (The message counts no pods: it would cost a status write per pod.)
         late = p.now >= p.deadline(st.phase_started_at)
         p.set(

@@ -233,6 +233,39 @@ def test_the_canary_follows_the_hpa_while_paused_and_while_waiting_for_the_next_
     no_stable_writes(w)
 
 
+@pytest.mark.parametrize(("replicas", "canary"), [(8, 8), (2, 2)], ids=["up", "down"])
+def test_the_canary_follows_the_hpa_while_the_native_rollout_runs(replicas: int, canary: int) -> None:
+    w = enrolled(trafficRouting=GATEWAY)
+    digest = w.commit("app:v2")
+    w.rolls_at_once = False
+    w.run(until={"Promoting"})
+    assert w.canary is not None and (w.canary.replicas, w.weight) == (4, 100)  # all the traffic, on 4 pods
+    w.scale(replicas)
+    plan = w.step()
+    assert plan.actions == (EnsureCanary(replicas=canary, template=digest),)
+    st = plan.status
+    assert (st.phase, st.canary_replicas, st.stable_replicas, st.canary_weight) == ("Promoting", canary, replicas, 100)
+    assert w.step().actions == ()  # followed once
+    w.finish_rollout()
+    assert w.step().actions == (SetWeight(0), DeleteCanary())
+    w.run(until={"Succeeded"})
+    assert w.deployment.replicas == replicas and w.canary is None
+    no_stable_writes(w)
+
+
+def test_after_promote_full_mid_release_the_canary_keeps_the_share_of_its_batch() -> None:
+    w = enrolled(trafficRouting=SERVICE, batches=[{"replicas": "25%", "pause": "manual"}, {"replicas": "100%"}])
+    digest = w.commit("app:v2")
+    w.rolls_at_once = False
+    w.live(1)
+    w.annotations[PROMOTE_ANNOTATION] = "full"
+    assert w.step().status.phase == Phase.PROMOTING
+    w.scale(12)
+    plan = w.step()
+    assert plan.actions == (EnsureCanary(replicas=3, template=digest),)  # 25 % of 12
+    assert (plan.status.canary_replicas, plan.status.stable_replicas) == (3, 12)
+
+
 # --- abort, and the ways out --------------------------------------------------------------------------
 
 

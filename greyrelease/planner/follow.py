@@ -133,8 +133,15 @@ def what_is_held(target: Workload) -> str:
 
 
 def stuck(p: Pass, target: Workload | None, why: str) -> str:
-    """The message of a release stopped while its template stays held: what is held, what runs, the ways
-    out."""
+    """The message of a release stopped while its template stays held (what is held, what runs, the ways
+    out), or while the Deployment is half-rolled (a promotion whose rollout stalled)."""
+    if target is not None and rolling(target):
+        return (
+            f"{why}. The canary is removed and the traffic is on Deployment {target.name}'s own pods (those of "
+            f"both templates that are ready); the Deployment controller goes on rolling {named(p, target.digest)}. "
+            "Ways out: what stops the rollout fixed (the Deployment's conditions and Events say what), a new "
+            "template (a new commit) or a revert"
+        )
     if target is None or not target.is_held:
         return why
     return (

@@ -114,6 +114,10 @@ def _rolled_back_following(p: Pass, end: Phase) -> Then:
         p.event(R.REVERTED, f"{why}: canary removed, hold released")
         return WAIT
     p.phase(end, follow.stuck(p, target, why))
+    if target is not None and follow.rolling(target):
+        # A promotion whose rollout stalled: the hold is released already.
+        p.event(R.ROLLED_BACK, f"canary removed: all traffic on Deployment {target.name}'s own pods, still rolling")
+        return WAIT
     p.event(R.ROLLED_BACK, f"rolled back: all traffic on {follow.what_runs(target)}; the template stays held")
     return WAIT
 

@@ -174,13 +174,103 @@ def test_the_canary_keeps_its_traffic_until_the_native_rollout_is_done() -> None
         w.now += timedelta(seconds=10)
         plan = w.step()
         assert plan.status.phase == "Promoting" and plan.actions == ()
-        assert "waiting for Deployment web to roll template" in plan.status.message
+        assert (
+            plan.status.message
+            == f"promoting: waiting for Deployment web to roll app:v2 (template {digest[:8]}) to all its pods"
+        )
     assert w.canary is not None and w.weight == 100
     w.finish_rollout()
     plan = w.step()
     assert plan.actions == (SetWeight(0), DeleteCanary())  # traffic to the new stable, then the canary goes
     w.run(until={"Succeeded"})
     assert w.deployment.current == digest
+
+
+# --- a rollout that does not complete -----------------------------------------------------------------
+
+STALLED = 'ReplicaSet "web-677ca9" has timed out progressing.'
+
+
+def promoting(routing: Any = GATEWAY, deadline: int = 600, **fields: Any) -> tuple[FollowWorld, str]:
+    """Promoting, the hold released, the Deployment controller rolling (and not done)."""
+    w = enrolled(trafficRouting=routing, **fields)
+    w.deployment.progress_deadline = deadline
+    digest = w.commit("app:v2")
+    w.rolls_at_once = False
+    w.run(until={"Promoting"})
+    w.step()
+    assert w.deployment.rolling and not w.deployment.paused and w.canary is not None
+    return w, digest
+
+
+def test_a_rollout_the_deployment_controller_gives_up_on_fails_the_release_and_removes_the_canary() -> None:
+    w, digest = promoting()
+    assert w.weight == 100  # the last batch: the canary has all the traffic
+    w.stall(STALLED)
+    plan = w.step()
+    assert plan.status.phase == Phase.ROLLING_BACK and plan.actions == (SetWeight(0),)  # the cut, alone
+    assert plan.status.message == (
+        f"promotion: Deployment web did not roll app:v2 (template {digest[:8]}) to all its pods: {STALLED} "
+        "(ProgressDeadlineExceeded after its progressDeadlineSeconds, 600s; 0/4 pods updated)"
+    )
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.PROGRESS_DEADLINE)]
+    w.run(until={"Failed"})
+    st = w.status
+    assert w.canary is None and not w.prepared and w.weight == 0
+    d = w.deployment
+    assert not d.paused and d.rolling and d.digest == digest  # nothing of the Deployment put back
+    assert kstatus(w) == ("False", "False", "True")
+    assert st.last_release is not None and (st.last_release.outcome, st.last_release.digest) == (
+        Outcome.FAILED,
+        digest,
+    )
+    assert "the traffic is on Deployment web's own pods (those of both templates that are ready)" in st.message
+    assert "the Deployment controller goes on rolling app:v2" in st.message
+    (told,) = about_the_deployment(w)
+    assert told.reason == R.RELEASE_FAILED and "Its canary is removed and the traffic is on" in told.message
+    for _ in range(3):  # still rolling: it stays Failed, and says nothing more
+        w.now += timedelta(minutes=5)
+        quiet = w.step()
+        assert (quiet.actions, quiet.events, quiet.status.phase) == ((), (), Phase.FAILED)
+    w.finish_rollout()  # the Deployment controller got there after all
+    plan = w.step()
+    assert plan.status.phase == Phase.IDLE and plan.actions == ()
+    assert plan.status.stable is not None and plan.status.stable.digest == digest
+    no_stable_writes(w)
+
+
+def test_a_stalled_rollout_in_service_mode_does_not_narrow_the_service_to_the_old_replicaset() -> None:
+    w, _ = promoting(SERVICE)
+    w.stall(STALLED)
+    w.run(until={"Failed"})
+    cuts = [a for a in w.applied if isinstance(a, SetWeight) and a.weight == 0]
+    assert cuts and {a.stable_hash for a in cuts} == {""}  # the old ReplicaSet is being scaled away
+    assert w.canary is None
+
+
+def test_a_deployment_without_a_deadline_it_reports_is_bounded_by_the_releases() -> None:
+    w, digest = promoting(deadline=0, progressDeadlineSeconds=120)
+    started = w.status.phase_started_at
+    assert started is not None
+    w.now = started + timedelta(seconds=119)
+    plan = w.step()
+    assert plan.status.phase == Phase.PROMOTING and plan.requeue_after == 1.0  # woken at the deadline
+    w.now = started + timedelta(seconds=120)
+    plan = w.step()
+    assert plan.status.phase == Phase.ROLLING_BACK
+    assert plan.status.message == (
+        f"promotion: Deployment web did not roll app:v2 (template {digest[:8]}) to all its pods within the "
+        "release's progressDeadlineSeconds, 120s (0/4 pods updated)"
+    )
+
+
+def test_a_deployment_that_reports_timeouts_is_waited_for_past_the_releases_deadline() -> None:
+    w, _ = promoting(deadline=3600, progressDeadlineSeconds=60)
+    w.now += timedelta(minutes=30)  # slow, but the Deployment controller still sees progress
+    plan = w.step()
+    assert plan.status.phase == Phase.PROMOTING and plan.actions == ()
+    w.finish_rollout()
+    w.run(until={"Succeeded"})
 
 
 def test_a_release_waits_for_its_window_with_the_template_held() -> None:

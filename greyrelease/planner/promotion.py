@@ -170,9 +170,10 @@ def _stalled(p: Pass, target: Workload, digest: str) -> str:
     hold was released."""
     rolled = f"{target.updated}/{target.replicas} pods updated"
     if reported := target.rollout_timed_out(digest):
+        after = f" after its progressDeadlineSeconds, {target.progress_deadline}s" if target.progress_deadline else ""
         return (
             f"Deployment {target.name} did not roll {follow.named(p, digest)} to all its pods: {reported} "
-            f"(ProgressDeadlineExceeded after its progressDeadlineSeconds, {target.progress_deadline}s; {rolled})"
+            f"(ProgressDeadlineExceeded{after}; {rolled})"
         )
     if not target.reports_timeouts() and p.now >= p.deadline(p.status.phase_started_at):
         return (

@@ -827,7 +827,7 @@ def test_a_bad_template_is_left_held_by_its_gate_and_a_revert_restarts_no_pod(
         "False",
     )
     message = st["message"]
-    assert ERROR_GATE["name"] in message and f"holds template {digest} ({image('v2-err30')})" in message, message
+    assert ERROR_GATE["name"] in message and f"holds {image('v2-err30')} (template {digest[:8]})" in message, message
     assert f"runs ReplicaSet {v1_set} ({V1})" in message, message
     assert st["lastRelease"]["outcome"] == "Failed" and st["lastRelease"]["digest"] == digest, st["lastRelease"]
     assert held["spec"]["template"]["spec"]["containers"][0]["image"] == image("v2-err30")
@@ -955,7 +955,10 @@ def test_an_abort_mid_release_cuts_the_canary_within_a_second_and_leaves_the_tem
                 cuts.append(final.sent - annotated)
                 parts.append((annotated - t0, routed - annotated, final.sent - routed))
                 st = scene.wait_phase({"Aborted"}, 60)
-                assert condition(st, "Stalled") == "True" and f"holds template {digest} ({image(tag)})" in st["message"]
+                assert (
+                    condition(st, "Stalled") == "True"
+                    and f"holds {image(tag)} (template {digest[:8]})" in st["message"]
+                )
                 assert_held(scene, tag, stable_uids=v1_uids)
                 drift = gitops.drift()
                 assert drift.in_sync, f"abort {i + 1}: drift\n{drift.diff}"

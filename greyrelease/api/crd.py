@@ -161,7 +161,10 @@ def crd() -> dict[str, Any]:
             {"name": "Target", "type": "string", "jsonPath": ".spec.targetVersion"},
             {"name": "Stable", "type": "string", "jsonPath": ".status.stableVersion"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-            {"name": "Held", "type": "string", "jsonPath": ".status.held.digest", "priority": 1},
+            # Follow mode: the first image of the template held and of the one the pods run (the digests, which
+            # tell templates apart by more than an image, are in the status and the message).
+            {"name": "Held", "type": "string", "jsonPath": ".status.held.images[0].image", "priority": 1},
+            {"name": "Runs", "type": "string", "jsonPath": ".status.stable.images[0].image", "priority": 1},
             {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         ],
     )

@@ -513,7 +513,11 @@ class GreyReleaseSpec(_Camel):
     )
     analysis: Analysis | None = Field(None, description="Prometheus metrics that gate every batch.")
     progress_deadline_seconds: int = Field(
-        600, ge=1, le=86400, description="A batch whose canary is not ready by then fails the release."
+        600,
+        ge=1,
+        le=86400,
+        description="A batch whose canary is not ready by then fails the release; so does a promotion not done by "
+        "then (follow mode: only for a Deployment whose own progressDeadlineSeconds reports no timeout).",
     )
     paused: bool = Field(False, description="Hold at the current batch (like the greyrelease.io/pause annotation).")
     windows: list[Window] | None = Field(

@@ -84,6 +84,8 @@ def workload_of(
             "images": images_of(spec.get("template")),
             "enrolled": str((meta.get("labels") or {}).get(RELEASE_LABEL, "")),
             "stable": stable,
+            "progress_deadline": int(spec.get("progressDeadlineSeconds") or 0),
+            "timed_out": timed_out(status),
         }
     return Workload(
         name=meta.get("name", ""),
@@ -104,6 +106,19 @@ def workload_of(
         source=str(annotations.get(SOURCE_ANNOTATION, "")),
         **extra,
     )
+
+
+#: The reason of a Deployment's Progressing condition once its progressDeadlineSeconds passed without progress.
+TIMED_OUT_REASON = "ProgressDeadlineExceeded"
+
+
+def timed_out(status: Obj) -> str:
+    """The message of a Deployment's Progressing condition when the Deployment controller reports its rollout
+    timed out (``ProgressDeadlineExceeded``; the message itself when it has none), else ""."""
+    for cond in status.get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("Progressing", "False", TIMED_OUT_REASON):
+            return str(cond.get("message") or TIMED_OUT_REASON)
+    return ""
 
 
 def revision_of(obj: Obj) -> str:

@@ -154,10 +154,24 @@ WRITES_STABLE_SPEC = (ScaleStable, SetStableImage)
 
 
 @dataclass(frozen=True)
+class Regarding:
+    """The object an Event is about when it is not the release itself (follow mode: the target Deployment,
+    told why it stays paused or that it was handed back). Named as the pass observed it: its uid ties the
+    Event to that object, not to a later one of the same name."""
+
+    name: str
+    uid: str = ""
+    kind: str = "Deployment"
+    api_version: str = "apps/v1"
+
+
+@dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+    #: None: the release itself.
+    about: Regarding | None = None
 
 
 @dataclass(frozen=True)

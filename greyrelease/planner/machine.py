@@ -98,6 +98,7 @@ from greyrelease.api.release import (
     GreyReleaseStatus,
     Phase,
 )
+from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import FreeSlot, Plan
 from greyrelease.planner.batch_states import between, canary_lost, follow_size, on_pause, pause, upscale, verify
@@ -154,6 +155,8 @@ def decide(spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed,
         first = request(p)
         if first is None or first(p) is GO_ON:
             _run(p)
+        if p.follow:
+            follow.tell_target(p)  # a release that ended leaving its Deployment held or half-rolled says so there
     queue = observed.queue
     if queue is not None and queue.held and (observed.deleting or not progressing(p.status)):
         # A release that ends, rolls back, is deleted or goes back to waiting gives its slot back at once

@@ -25,6 +25,10 @@ from greyrelease.planner.governance import Predecessor, Queue, Rules
 
 _T = TypeVar("_T")
 
+#: A Deployment's spec.progressDeadlineSeconds at this value (the largest int32): the Deployment controller
+#: reports no timeout.
+NO_PROGRESS_DEADLINE = 2**31 - 1
+
 #: The images of a pod template: (container, image) for each container, in order.
 Images = tuple[tuple[str, str], ...]
 
@@ -49,7 +53,8 @@ class Workload:
     ``greyrelease.io/held``), the digest and images of its ``spec.template`` as it is now, the enrolment
     label, and the ReplicaSet its pods run (``stable``); of the canary, which template it was built from
     (``source``). Rollout progress is in the counts (``total`` counts the pods of every ReplicaSet, so
-    ``total > updated`` means old pods remain)."""
+    ``total > updated`` means old pods remain), and whether the Deployment controller gave up waiting for
+    it (``timed_out``: its own ``progressDeadlineSeconds`` passed without progress)."""
 
     name: str
     uid: str = ""
@@ -73,6 +78,10 @@ class Workload:
     enrolled: str = ""  # the label greyrelease.io/release: the release that follows it
     source: str = ""  # a canary: the digest of the template it was built from (follow mode)
     stable: ReplicaSet | None = None  # follow mode: the ReplicaSet its pods run
+    progress_deadline: int = 0  # follow mode: spec.progressDeadlineSeconds (0 when not set)
+    #: Follow mode: the message of its Progressing condition when the Deployment controller reports the
+    #: rollout timed out (reason ProgressDeadlineExceeded); "" otherwise.
+    timed_out: str = ""
 
     @property
     def is_held(self) -> bool:
@@ -107,6 +116,18 @@ class Workload:
             and self.available >= self.replicas
             and self.total <= self.updated
         )
+
+    def rollout_timed_out(self, digest: str) -> str:
+        """Follow mode: why the Deployment controller gave up on the rollout of template ``digest`` (the
+        message of its Progressing condition, reason ProgressDeadlineExceeded), once it has seen the spec
+        that rolls it (not paused, its generation observed); "" otherwise."""
+        if self.paused or self.digest != digest or self.observed_generation < self.generation:
+            return ""
+        return self.timed_out
+
+    def reports_timeouts(self) -> bool:
+        """Follow mode: the Deployment has a progressDeadlineSeconds the Deployment controller reports."""
+        return 0 < self.progress_deadline < NO_PROGRESS_DEADLINE
 
     def settling(self) -> bool:
         """A change of its spec has not landed yet: not observed, or old pods still there."""

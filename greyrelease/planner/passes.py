@@ -26,7 +26,7 @@ from greyrelease.api.release import (
     Phase,
 )
 from greyrelease.planner import reasons as R
-from greyrelease.planner.actions import Action, EnsureCanary, Event, Plan, PrepareRouting, SetWeight
+from greyrelease.planner.actions import Action, EnsureCanary, Event, Plan, PrepareRouting, Regarding, SetWeight
 from greyrelease.planner.batches import Step, expand
 from greyrelease.planner.images import label_value, target_image
 from greyrelease.planner.observed import Images, Observed, Workload, project
@@ -164,8 +164,10 @@ class Pass:
             self._unseen.clear()
         return self._world
 
-    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+    def event(self, reason: str, message: str, *, warning: bool = False, about: Workload | None = None) -> None:
+        """An Event of this transition, on the release, or ``about`` another object (the target Deployment)."""
+        regarding = Regarding(about.name, about.uid) if about is not None else None
+        self.events.append(Event("Warning" if warning else "Normal", reason, message, regarding))
 
     def again(self, seconds: float) -> None:
         seconds = max(0.0, seconds)

@@ -4,7 +4,8 @@ version, then the canary goes and the routing is reset.
 In follow mode the promotion is the hold released: the Deployment controller rolls the template Git already
 holds, at its own pace and to whatever size an HPA gives it, while the canary keeps its traffic; once no
 pod of the old ReplicaSet is left, the traffic goes back to the (now new) stable, the canary goes and the
-routing is reset. The Deployment is then what was applied to it."""
+routing is reset. The Deployment is then what was applied to it. A rollout that does not complete (the
+Deployment controller reports ProgressDeadlineExceeded) fails the release, its canary removed."""
 
 from __future__ import annotations
 
@@ -15,15 +16,17 @@ from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import (
     DeleteCanary,
+    EnsureCanary,
     ReleaseHold,
     ResetRouting,
     RestoreStableSelector,
     SetStableImage,
 )
+from greyrelease.planner.batches import PlanError
 from greyrelease.planner.images import target_image, version_of
 from greyrelease.planner.observed import Workload
 from greyrelease.planner.passes import CONVERGE_POLL, GO_ON, WAIT, Pass, Then
-from greyrelease.planner.rollback import deadline_passed
+from greyrelease.planner.rollback import deadline_passed, roll_back
 
 
 def _weighted(spec: GreyReleaseSpec) -> bool:
@@ -35,7 +38,10 @@ def _weighted(spec: GreyReleaseSpec) -> bool:
 def start_promotion(p: Pass, n: int) -> Then:
     p.end_batch()
     if p.follow:
-        p.phase(Phase.PROMOTING, f"releasing the hold: the Deployment rolls template {p.status.restore.template}")
+        p.phase(
+            Phase.PROMOTING,
+            f"releasing the hold: the Deployment rolls {follow.named(p, p.status.restore.template or '')}",
+        )
     else:
         p.phase(Phase.PROMOTING, "rolling the stable Deployment to the target version")
     p.event(R.PROMOTING, f"all {n} batches passed; promoting the stable Deployment")
@@ -99,11 +105,32 @@ def _remove_canary(p: Pass) -> Then:
     return GO_ON
 
 
+def _keep_share(p: Pass, target: Workload, digest: str) -> None:
+    """While the Deployment controller rolls, the canary keeps its traffic, so it keeps its share of the
+    stable's replicas now, as during the batches: an HPA that scales the Deployment mid-rollout (it counts
+    the canary's pods too, which carry the stable's labels) resizes the canary with it. Left as it is, a
+    canary that carries all the traffic (a last batch at 100 % in the nginx and Gateway API modes) would
+    stay at the size of the load before. The share is that of the batch the promotion started from (the
+    last, or the one promote=full was given at); nothing without a canary (promote=full after an abort)."""
+    st, canary = p.status, p.world.canary
+    if canary is None or canary.deleting or p.world.own_canary is None or st.current_batch < 1:
+        return
+    try:
+        steps = p.steps(target.replicas)
+    except PlanError:
+        return  # (scaled to 0: the canary keeps its size rather than being planned from nothing)
+    step = steps[min(st.current_batch, len(steps)) - 1]
+    if canary.replicas != step.canary_replicas:
+        p.act(EnsureCanary(replicas=step.canary_replicas, template=digest))
+    sizes = (step.canary_replicas, step.stable_replicas, step.weight)
+    if (st.canary_replicas, st.stable_replicas, st.canary_weight) != sizes:
+        p.set(canary_replicas=step.canary_replicas, stable_replicas=step.stable_replicas, canary_weight=step.weight)
+
+
 def _promote_following(p: Pass, target: Workload) -> Then:
     """Follow mode: the hold released, the native rollout waited for with the canary keeping its traffic
-    (no deadline of ours: the hold is gone, there is nothing to roll back to but a revert; the
-    Deployment's own progressDeadlineSeconds reports a rollout that does not progress), then the canary
-    removed and the routing reset."""
+    (and its share of the stable's replicas, :func:`_keep_share`), then the canary removed and the routing
+    reset. A rollout that does not complete fails the release (:func:`_rollout_stalled`)."""
     st = p.status
     digest = st.restore.template or target.digest
     if target.is_held and target.digest == digest:
@@ -112,22 +139,64 @@ def _promote_following(p: Pass, target: Workload) -> Then:
         p.act(RestoreStableSelector(), ReleaseHold(target.held))
     target = p.world.target or target
     if not target.rolled_out_template(digest):
+        stalled = _stalled(p, target, digest)
+        if stalled:
+            return _rollout_stalled(p, stalled)
+        _keep_share(p, target, digest)
         # (The message counts no pods: it would cost a status write per pod.)
-        late = p.now >= p.deadline(st.phase_started_at)
         p.set(
-            message=f"promoting: waiting for Deployment {target.name} to roll template {digest} to all its pods"
-            + (f" (slower than progressDeadlineSeconds, {p.spec.progress_deadline_seconds}s)" if late else "")
+            message=f"promoting: waiting for Deployment {target.name} to roll {follow.named(p, digest)} to all its pods"
         )
-        p.at(p.now + timedelta(seconds=CONVERGE_POLL))
+        if target.reports_timeouts():
+            p.again(CONVERGE_POLL)  # the Deployment controller says when it gives up; its condition wakes us
+        else:
+            p.at(min(p.deadline(st.phase_started_at), p.now + timedelta(seconds=CONVERGE_POLL)))
         return WAIT
     if _remove_canary(p) is WAIT:
         return WAIT
     follow.record_stable(p, target)
-    p.ended(Outcome.SUCCEEDED, f"{target.name} runs template {digest}")
+    text = follow.named(p, digest)
+    p.ended(Outcome.SUCCEEDED, f"{target.name} runs {text}")
     p.set(canary_weight=0, canary_replicas=0, stable_replicas=target.replicas, restore=Restore(), held=None)
-    p.phase(
-        Phase.SUCCEEDED,
-        f"{target.name} runs template {digest} ({follow.what_runs(target)}) on {target.replicas} replicas",
-    )
-    p.event(R.SUCCEEDED, f"released template {digest} to {target.name}")
+    p.phase(Phase.SUCCEEDED, f"{target.name} runs {text} ({follow.what_runs(target)}) on {target.replicas} replicas")
+    p.event(R.SUCCEEDED, f"released {text} to {target.name}")
     return WAIT
+
+
+def _stalled(p: Pass, target: Workload, digest: str) -> str:
+    """Why the rollout of ``digest`` is given up on ("" while it may still complete): the Deployment
+    controller reports ProgressDeadlineExceeded (its own progressDeadlineSeconds passed without progress),
+    or, for a Deployment without one it reports, the release's progressDeadlineSeconds passed since the
+    hold was released."""
+    rolled = f"{target.updated}/{target.replicas} pods updated"
+    if reported := target.rollout_timed_out(digest):
+        after = f" after its progressDeadlineSeconds, {target.progress_deadline}s" if target.progress_deadline else ""
+        return (
+            f"Deployment {target.name} did not roll {follow.named(p, digest)} to all its pods: {reported} "
+            f"(ProgressDeadlineExceeded{after}; {rolled})"
+        )
+    if not target.reports_timeouts() and p.now >= p.deadline(p.status.phase_started_at):
+        return (
+            f"Deployment {target.name} did not roll {follow.named(p, digest)} to all its pods within the "
+            f"release's progressDeadlineSeconds, {p.spec.progress_deadline_seconds}s ({rolled})"
+        )
+    return ""
+
+
+def _rollout_stalled(p: Pass, why: str) -> Then:
+    """The native rollout did not complete: the release fails (Failed, Stalled).
+
+    What the traffic does then. The hold is released and the Deployment is half-rolled: its new ReplicaSet
+    has some pods (not all ready: that is usually why it stalled), its old one the rest; the canary, built
+    from the same template and judged by every batch, still has its share. Nothing of the Deployment can be
+    put back (its template is Git's, and a paused or rolled-back spec is not ours to write), so the release
+    ends as a rollback does in follow mode: the canary's traffic goes back to the Deployment's own pods
+    (the stable Service selects all of them again since the promotion began: its narrowing to the old
+    ReplicaSet, which the rollout is scaling away, is not planned again), the canary is removed and the
+    routing reset. The ready pods of both templates then serve, as the Deployment controller would have them
+    serve without a release, and it goes on rolling; keeping the canary instead would leave an object Git
+    does not know carrying traffic for as long as the rollout stays stuck. The release stays Failed until
+    the rollout completes (then Idle) or a new template is held (a new release); the Deployment gets a
+    Warning saying so."""
+    p.set(stable_pod_template_hash="")
+    return roll_back(p, Phase.FAILED, R.PROGRESS_DEADLINE, f"promotion: {why}")

@@ -38,6 +38,9 @@ HOLD_RELEASED = "HoldReleased"
 SUPERSEDED = "Superseded"
 REVERTED = "Reverted"
 HANDED_BACK = "HandedBack"
+# Follow mode, on the Deployment: a release ended and left it paused (its template held) or half-rolled
+RELEASE_ABORTED = "ReleaseAborted"
+RELEASE_FAILED = "ReleaseFailed"
 
 # Condition types (Kubernetes style: each True/False with a reason)
 COND_PROGRESSING = "Progressing"

@@ -31,8 +31,9 @@ def finished(p: Pass) -> Then:
     if follow.reverted(target):
         follow.release_hold(p, target)
         p.event(R.HOLD_RELEASED, f"{follow.what_is_held(target)} is the one {target.name} runs: hold released")
-    if phase in (Phase.ABORTED, Phase.FAILED) and not target.is_held:
-        # Nothing is held any more (a revert, or someone lifted the hold): nothing is stuck either.
+    if phase in (Phase.ABORTED, Phase.FAILED) and not target.is_held and not follow.rolling(target):
+        # Nothing is held any more (a revert, or someone lifted the hold) and the Deployment runs its
+        # template on every pod (a stalled rollout completed after all): nothing is stuck either.
         p.set(held=None)
         p.phase(Phase.IDLE, follow.at_rest(target))
     elif phase == Phase.IDLE and p.status.message != follow.at_rest(target):

@@ -117,6 +117,10 @@ def _rolled_back_following(p: Pass, end: Phase) -> Then:
         p.event(R.REVERTED, f"{why}: canary removed, hold released")
         return WAIT
     p.phase(end, follow.stuck(p, target, why))
+    if target is not None and follow.rolling(target):
+        # A promotion whose rollout stalled: the hold is released already.
+        p.event(R.ROLLED_BACK, f"canary removed: all traffic on Deployment {target.name}'s own pods, still rolling")
+        return WAIT
     p.event(R.ROLLED_BACK, f"rolled back: all traffic on {follow.what_runs(target)}; the template stays held")
     return WAIT
 
@@ -138,8 +142,8 @@ def delete(p: Pass) -> None:
 def _hand_back(p: Pass) -> None:
     """Follow mode, the GreyRelease deleted: the Deployment handed back to Kubernetes and its owners. The
     canary's traffic cut and the canary removed first; then the routing reset, the hold released (the
-    Deployment controller rolls the template it holds, without a canary: a Warning says so) and the
-    enrolment label removed."""
+    Deployment controller rolls the template it holds, without a canary: a Warning on the release and one
+    on the Deployment say so) and the enrolment label removed."""
     world, target = p.world, p.world.target
     if world.own_canary is not None:
         p.set_weight(0)
@@ -164,6 +168,15 @@ def _hand_back(p: Pass) -> None:
         f"release deleted: Deployment {target.name} is no longer followed (label greyrelease.io/release removed"
         + (f"; {held})" if held else "; nothing was held)"),
         warning=True,
+    )
+    # The same on the Deployment, where it outlives the GreyRelease: its next templates are no longer held.
+    p.event(
+        R.HANDED_BACK,
+        f"GreyRelease {p.world.name} was deleted: this Deployment is no longer followed (label "
+        "greyrelease.io/release removed), its new templates roll without a canary"
+        + (f"; {held}" if held else "; nothing was held"),
+        warning=True,
+        about=target,
     )
     p.set(restore=Restore())
     p.done = True

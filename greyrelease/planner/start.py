@@ -169,12 +169,12 @@ def _start_following(p: Pass) -> Then:
         end_phase=None,
         metrics=[],
     )
-    p.phase(Phase.PROGRESSING, f"batch 1/{len(steps)}: starting the canary of template {digest}")
+    p.phase(Phase.PROGRESSING, f"batch 1/{len(steps)}: starting the canary of {follow.what_is_held(target)}")
     p.history(1, started_at=p.now)
     p.event(
         R.RELEASE_STARTED,
-        f"releasing template {digest} ({images_text(target.images)}) of {target.name} in {len(steps)} batches "
-        f"(stable ReplicaSet {stable.name})",
+        f"releasing {follow.what_is_held(target)} of {target.name} in {len(steps)} batches (stable ReplicaSet "
+        f"{stable.name}, {images_text(stable.images)})",
     )
     p.prepare_routing()
     return GO_ON

@@ -1,5 +1,6 @@
-"""What a pass records on the GreyRelease itself: its Events, its status, the one-shot annotations it
-consumed. Each write is idempotent, so a pass repeated after a crash records nothing twice.
+"""What a pass records on the GreyRelease itself: its Events (and those it posts about its Deployment),
+its status, the one-shot annotations it consumed. Each write is idempotent, so a pass repeated after a
+crash records nothing twice.
 
 Exactly one Event per transition. A pass applies its actions, then posts its Events, then writes its
 status; a controller killed after the Events and before the status plans the same transition again on its
@@ -19,6 +20,12 @@ asking nothing, a spec edit that moves no batch, kopf's bookkeeping) did the sam
 controller itself records when a transition is done tells one transition from the next; a counter does it
 and nothing else. Nor the message: a repeated pass may word the same transition differently (a metric's
 value read again), and it is still the same transition.
+
+An Event about another object (follow mode: the target Deployment, ``Event.about``) is named the same
+way, with that object's kind in the key (so it never takes the name of the release's own Event of the
+same reason in the same transition) and its name in front; its ``involvedObject`` is that object, so
+``kubectl describe deployment`` lists it. The release's own Events keep the key they always had: a
+controller upgraded between a post and its status write names the repeat as before.
 
 What a repeat cannot undo: a transition planned, posted and then not taken at all (the world changed
 before the repeat, say the abort was taken at once) keeps its Events; none is posted twice.
@@ -66,13 +73,38 @@ def event_names(release: Obj, transition: int, events: tuple[Event, ...]) -> lis
     """The name of each Event of the plan of transition number ``transition`` (see the module's docstring):
     the same for every pass that plans that transition, whatever else it read."""
     meta = release["metadata"]
-    seen: Counter[str] = Counter()
+    seen: Counter[tuple[str, str]] = Counter()
     names = []
     for ev in events:
-        seen[ev.reason] += 1
-        key = f"{meta.get('uid')}|{transition}|{ev.reason}|{seen[ev.reason]}"
-        names.append(f"{meta['name'][:200]}.{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+        kind = ev.about.kind if ev.about is not None else ""
+        seen[kind, ev.reason] += 1
+        n = seen[kind, ev.reason]
+        if ev.about is None:
+            key, name = f"{meta.get('uid')}|{transition}|{ev.reason}|{n}", meta["name"]
+        else:
+            key, name = f"{meta.get('uid')}|{transition}|{kind}|{ev.reason}|{n}", ev.about.name
+        names.append(f"{name[:200]}.{hashlib.sha256(key.encode()).hexdigest()[:16]}")
     return names
+
+
+def involved(release: Obj, ev: Event) -> Obj:
+    """The ``involvedObject`` of an Event: the release, or the object it is about."""
+    meta = release["metadata"]
+    if ev.about is not None:
+        return {
+            "apiVersion": ev.about.api_version,
+            "kind": ev.about.kind,
+            "name": ev.about.name,
+            "namespace": meta["namespace"],
+            "uid": ev.about.uid,
+        }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta.get("uid", ""),
+    }
 
 
 def post_events(kube: Kube, release: Obj, plan: Plan, now: datetime) -> None:
@@ -89,13 +121,7 @@ def post_events(kube: Kube, release: Obj, plan: Plan, now: datetime) -> None:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": name, "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid", ""),
-            },
+            "involvedObject": involved(release, ev),
             "type": ev.type,
             "reason": ev.reason,
             "message": ev.message[:1024],

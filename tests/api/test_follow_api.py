@@ -41,9 +41,10 @@ def test_the_crd_does_not_require_target_version_and_says_what_its_absence_means
     assert {"held", "stable", "lastRelease"} <= set(status)
     assert status["lastRelease"]["properties"]["outcome"]["enum"] == [o.value for o in Outcome]
     assert "Idle" in status["phase"]["enum"]
-    assert {"name": "Held", "type": "string", "jsonPath": ".status.held.digest", "priority": 1} in version[
-        "additionalPrinterColumns"
-    ]
+    columns = version["additionalPrinterColumns"]
+    # Short values people read: images, not digests.
+    assert {"name": "Held", "type": "string", "jsonPath": ".status.held.images[0].image", "priority": 1} in columns
+    assert {"name": "Runs", "type": "string", "jsonPath": ".status.stable.images[0].image", "priority": 1} in columns
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,25 @@ def test_what_follow_mode_reads_of_a_held_deployment() -> None:
     assert (pinned.digest, pinned.held, pinned.paused, pinned.stable) == ("", "", False, None)
 
 
+def test_the_deployment_controllers_timeout_of_a_rollout_is_read_from_its_progressing_condition() -> None:
+    d = held_deployment()
+    d["spec"].update(paused=False, progressDeadlineSeconds=600)
+    progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated", "message": "going"}
+    d["status"]["conditions"] = [{"type": "Available", "status": "True"}, progressing]
+    w = workload_of(d, None, follow=True)
+    assert (w.progress_deadline, w.timed_out, w.reports_timeouts()) == (600, "", True)
+    progressing.update(status="False", reason="ProgressDeadlineExceeded", message='ReplicaSet "web-7c9f" has timed out')
+    w = workload_of(d, None, follow=True)
+    assert w.timed_out == 'ReplicaSet "web-7c9f" has timed out'
+    assert w.rollout_timed_out(w.digest) == w.timed_out and w.rollout_timed_out("another") == ""
+    d["metadata"]["generation"] = 5  # not yet observed (observedGeneration 4): about the rollout before
+    assert workload_of(d, None, follow=True).rollout_timed_out(w.digest) == ""
+    d["spec"]["progressDeadlineSeconds"] = 2**31 - 1  # the largest: the controller reports no timeout
+    assert not workload_of(d, None, follow=True).reports_timeouts()
+    del d["spec"]["progressDeadlineSeconds"]
+    assert not workload_of(d, None, follow=True).reports_timeouts()
+
+
 def test_a_replicaset_has_the_digest_of_the_template_it_was_made_from() -> None:
     """The pod-template-hash label the Deployment controller adds is not counted: a revert is seen."""
     rs = stable_replicaset()

@@ -25,7 +25,9 @@ from greyrelease.planner.actions import (
     DeleteCanary,
     Enrol,
     EnsureCanary,
+    Event,
     PrepareRouting,
+    Regarding,
     ReleaseHold,
     RemoveAnnotations,
     ResetRouting,
@@ -172,7 +174,10 @@ def test_the_canary_keeps_its_traffic_until_the_native_rollout_is_done() -> None
         w.now += timedelta(seconds=10)
         plan = w.step()
         assert plan.status.phase == "Promoting" and plan.actions == ()
-        assert "waiting for Deployment web to roll template" in plan.status.message
+        assert (
+            plan.status.message
+            == f"promoting: waiting for Deployment web to roll app:v2 (template {digest[:8]}) to all its pods"
+        )
     assert w.canary is not None and w.weight == 100
     w.finish_rollout()
     plan = w.step()
@@ -181,13 +186,100 @@ def test_the_canary_keeps_its_traffic_until_the_native_rollout_is_done() -> None
     assert w.deployment.current == digest
 
 
+# --- a rollout that does not complete -----------------------------------------------------------------
+
+STALLED = 'ReplicaSet "web-677ca9" has timed out progressing.'
+
+
+def promoting(routing: Any = GATEWAY, deadline: int = 600, **fields: Any) -> tuple[FollowWorld, str]:
+    """Promoting, the hold released, the Deployment controller rolling (and not done)."""
+    w = enrolled(trafficRouting=routing, **fields)
+    w.deployment.progress_deadline = deadline
+    digest = w.commit("app:v2")
+    w.rolls_at_once = False
+    w.run(until={"Promoting"})
+    w.step()
+    assert w.deployment.rolling and not w.deployment.paused and w.canary is not None
+    return w, digest
+
+
+def test_a_rollout_the_deployment_controller_gives_up_on_fails_the_release_and_removes_the_canary() -> None:
+    w, digest = promoting()
+    assert w.weight == 100  # the last batch: the canary has all the traffic
+    w.stall(STALLED)
+    plan = w.step()
+    assert plan.status.phase == Phase.ROLLING_BACK and plan.actions == (SetWeight(0),)  # the cut, alone
+    assert plan.status.message == (
+        f"promotion: Deployment web did not roll app:v2 (template {digest[:8]}) to all its pods: {STALLED} "
+        "(ProgressDeadlineExceeded after its progressDeadlineSeconds, 600s; 0/4 pods updated)"
+    )
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.PROGRESS_DEADLINE)]
+    w.run(until={"Failed"})
+    st = w.status
+    assert w.canary is None and not w.prepared and w.weight == 0
+    d = w.deployment
+    assert not d.paused and d.rolling and d.digest == digest  # nothing of the Deployment put back
+    assert kstatus(w) == ("False", "False", "True")
+    assert st.last_release is not None and (st.last_release.outcome, st.last_release.digest) == (
+        Outcome.FAILED,
+        digest,
+    )
+    assert "the traffic is on Deployment web's own pods (those of both templates that are ready)" in st.message
+    assert "the Deployment controller goes on rolling app:v2" in st.message
+    (told,) = about_the_deployment(w)
+    assert told.reason == R.RELEASE_FAILED and "Its canary is removed and the traffic is on" in told.message
+    for _ in range(3):  # still rolling: it stays Failed, and says nothing more
+        w.now += timedelta(minutes=5)
+        quiet = w.step()
+        assert (quiet.actions, quiet.events, quiet.status.phase) == ((), (), Phase.FAILED)
+    w.finish_rollout()  # the Deployment controller got there after all
+    plan = w.step()
+    assert plan.status.phase == Phase.IDLE and plan.actions == ()
+    assert plan.status.stable is not None and plan.status.stable.digest == digest
+    no_stable_writes(w)
+
+
+def test_a_stalled_rollout_in_service_mode_does_not_narrow_the_service_to_the_old_replicaset() -> None:
+    w, _ = promoting(SERVICE)
+    w.stall(STALLED)
+    w.run(until={"Failed"})
+    cuts = [a for a in w.applied if isinstance(a, SetWeight) and a.weight == 0]
+    assert cuts and {a.stable_hash for a in cuts} == {""}  # the old ReplicaSet is being scaled away
+    assert w.canary is None
+
+
+def test_a_deployment_without_a_deadline_it_reports_is_bounded_by_the_releases() -> None:
+    w, digest = promoting(deadline=0, progressDeadlineSeconds=120)
+    started = w.status.phase_started_at
+    assert started is not None
+    w.now = started + timedelta(seconds=119)
+    plan = w.step()
+    assert plan.status.phase == Phase.PROMOTING and plan.requeue_after == 1.0  # woken at the deadline
+    w.now = started + timedelta(seconds=120)
+    plan = w.step()
+    assert plan.status.phase == Phase.ROLLING_BACK
+    assert plan.status.message == (
+        f"promotion: Deployment web did not roll app:v2 (template {digest[:8]}) to all its pods within the "
+        "release's progressDeadlineSeconds, 120s (0/4 pods updated)"
+    )
+
+
+def test_a_deployment_that_reports_timeouts_is_waited_for_past_the_releases_deadline() -> None:
+    w, _ = promoting(deadline=3600, progressDeadlineSeconds=60)
+    w.now += timedelta(minutes=30)  # slow, but the Deployment controller still sees progress
+    plan = w.step()
+    assert plan.status.phase == Phase.PROMOTING and plan.actions == ()
+    w.finish_rollout()
+    w.run(until={"Succeeded"})
+
+
 def test_a_release_waits_for_its_window_with_the_template_held() -> None:
     closed = [{"days": ["Mon-Sun"], "start": "00:00", "end": "00:01"}]  # T0 is 12:00
     w = enrolled(windows=closed)
     digest = w.commit("app:v2")
     plan = w.step()
     assert plan.status.phase == Phase.WAITING and plan.actions == ()
-    assert plan.status.message.startswith(f"template {digest} (app:v2) held; ")
+    assert plan.status.message.startswith(f"app:v2 (template {digest[:8]}) held; ")
     assert plan.status.held is not None and plan.status.held.digest == digest
     assert w.deployment.paused and w.deployment.held == digest
     assert kstatus(w) == ("False", "True", "False")
@@ -231,6 +323,39 @@ def test_the_canary_follows_the_hpa_while_paused_and_while_waiting_for_the_next_
     no_stable_writes(w)
 
 
+@pytest.mark.parametrize(("replicas", "canary"), [(8, 8), (2, 2)], ids=["up", "down"])
+def test_the_canary_follows_the_hpa_while_the_native_rollout_runs(replicas: int, canary: int) -> None:
+    w = enrolled(trafficRouting=GATEWAY)
+    digest = w.commit("app:v2")
+    w.rolls_at_once = False
+    w.run(until={"Promoting"})
+    assert w.canary is not None and (w.canary.replicas, w.weight) == (4, 100)  # all the traffic, on 4 pods
+    w.scale(replicas)
+    plan = w.step()
+    assert plan.actions == (EnsureCanary(replicas=canary, template=digest),)
+    st = plan.status
+    assert (st.phase, st.canary_replicas, st.stable_replicas, st.canary_weight) == ("Promoting", canary, replicas, 100)
+    assert w.step().actions == ()  # followed once
+    w.finish_rollout()
+    assert w.step().actions == (SetWeight(0), DeleteCanary())
+    w.run(until={"Succeeded"})
+    assert w.deployment.replicas == replicas and w.canary is None
+    no_stable_writes(w)
+
+
+def test_after_promote_full_mid_release_the_canary_keeps_the_share_of_its_batch() -> None:
+    w = enrolled(trafficRouting=SERVICE, batches=[{"replicas": "25%", "pause": "manual"}, {"replicas": "100%"}])
+    digest = w.commit("app:v2")
+    w.rolls_at_once = False
+    w.live(1)
+    w.annotations[PROMOTE_ANNOTATION] = "full"
+    assert w.step().status.phase == Phase.PROMOTING
+    w.scale(12)
+    plan = w.step()
+    assert plan.actions == (EnsureCanary(replicas=3, template=digest),)  # 25 % of 12
+    assert (plan.status.canary_replicas, plan.status.stable_replicas) == (3, 12)
+
+
 # --- abort, and the ways out --------------------------------------------------------------------------
 
 
@@ -251,7 +376,7 @@ def test_an_abort_cuts_removes_the_canary_and_leaves_the_template_held() -> None
     assert w.canary is None and not w.prepared
     assert w.deployment.paused and w.deployment.held == digest and w.deployment.current == V1
     assert [a for a in w.applied if isinstance(a, ReleaseHold)] == []
-    assert st.message.startswith("aborted by annotation. Deployment web holds template " + digest + " (app:v2)")
+    assert st.message.startswith(f"aborted by annotation. Deployment web holds app:v2 (template {digest[:8]})")
     assert f"but runs ReplicaSet web-{V1[:6]} (app:v1)" in st.message
     for way in ("a new template", "a revert", "greyrelease.io/retry", "greyrelease.io/promote=full"):
         assert way in st.message
@@ -262,6 +387,58 @@ def test_an_abort_cuts_removes_the_canary_and_leaves_the_template_held() -> None
     quiet = w.step()
     assert (quiet.actions, quiet.events, quiet.status.phase) == ((), (), Phase.ABORTED)  # stays held
     no_stable_writes(w)
+
+
+def about_the_deployment(world: FollowWorld) -> list[Event]:
+    return [e for plan in world.plans for e in plan.events if e.about is not None]
+
+
+def test_an_abort_tells_the_deployment_why_it_stays_paused_once() -> None:
+    w, digest = aborted()
+    (told,) = about_the_deployment(w)
+    assert told.about == Regarding("web", "web-uid") and (told.type, told.reason) == ("Warning", R.RELEASE_ABORTED)
+    assert told.message.startswith(
+        f"paused by GreyRelease web, whose release of app:v2 (template {digest[:8]}) ended Aborted: aborted by "
+        f"annotation. The spec holds that template; the pods run ReplicaSet web-{V1[:6]} (app:v1)."
+    )
+    for way in ("a new commit", "a revert", "greyrelease.io/retry", "greyrelease.io/promote=full"):
+        assert way in told.message
+    # Posted in the pass that ends the release, beside the release's own Event of it.
+    (ending,) = [plan for plan in w.plans if told in plan.events]
+    assert ending.status.phase == Phase.ABORTED and R.ROLLED_BACK in [e.reason for e in ending.events]
+    w.step()
+    w.now += timedelta(hours=1)
+    w.step()
+    assert len(about_the_deployment(w)) == 1  # at rest, held: nothing more
+
+
+def test_an_abort_before_the_release_started_tells_the_deployment_too() -> None:
+    w = enrolled(windows=[{"days": ["Mon-Sun"], "start": "00:00", "end": "00:01"}])
+    digest = w.commit("app:v2")
+    assert w.step().status.phase == Phase.WAITING
+    w.annotations[ABORT_ANNOTATION] = "true"
+    plan = w.step()
+    assert plan.status.phase == Phase.ABORTED
+    told = [e for e in plan.events if e.about is not None]
+    assert [(e.reason, e.about) for e in told] == [(R.RELEASE_ABORTED, Regarding("web", "web-uid"))]
+    assert f"app:v2 (template {digest[:8]}) ended Aborted: aborted before it started" in told[0].message
+
+
+def test_a_failed_gate_tells_the_deployment_and_a_revert_does_not() -> None:
+    w = enrolled(progressDeadlineSeconds=30)
+    w.commit("app:v2")
+    w.pods_get_ready = False
+    w.run(until={"Failed"})
+    assert [e.reason for e in about_the_deployment(w)] == [R.RELEASE_FAILED]
+    assert "ended Failed: batch 1/3: 0/1 canary pods ready after 30s" in about_the_deployment(w)[0].message
+    w.commit("app:v1")
+    w.run(until={"Idle"})
+    reverted = enrolled(trafficRouting=SERVICE)
+    reverted.commit("app:v2")
+    reverted.live(1)
+    reverted.commit("app:v1")
+    reverted.run(until={"Idle"})
+    assert about_the_deployment(w)[1:] == [] and about_the_deployment(reverted) == []
 
 
 def test_a_failed_deadline_leaves_the_template_held_too() -> None:
@@ -404,8 +581,16 @@ def test_deleting_mid_release_hands_the_deployment_back() -> None:
     plan = w.step()
     assert plan.actions == (ResetRouting(), ReleaseHold(digest), Unenrol("web"))
     assert plan.done
-    assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.HANDED_BACK)]
+    assert [(e.type, e.reason, e.about) for e in plan.events] == [
+        ("Warning", R.HANDED_BACK, None),
+        ("Warning", R.HANDED_BACK, Regarding("web", "web-uid")),  # the same on the Deployment
+    ]
     assert "rolls now, without a canary" in plan.events[0].message
+    assert plan.events[1].message == (
+        "GreyRelease web was deleted: this Deployment is no longer followed (label greyrelease.io/release "
+        f"removed), its new templates roll without a canary; hold of app:v2 (template {digest[:8]}) released: it "
+        "rolls now, without a canary"
+    )
     d = w.deployment
     assert (d.paused, d.held, d.enrolled, d.current) == (False, "", "", digest)
     no_stable_writes(w)
@@ -427,6 +612,8 @@ def test_deleting_at_rest_removes_only_the_label() -> None:
     plan = w.step()
     assert plan.actions == (Unenrol("web"),) and plan.done
     assert "nothing was held" in plan.events[0].message
+    assert [e.about for e in plan.events] == [None, Regarding("web", "web-uid")]
+    assert plan.events[1].message.endswith("; nothing was held")
 
 
 # --- the audit, and the conditions --------------------------------------------------------------------

@@ -132,7 +132,8 @@ def test_an_old_status_is_planned_on_as_before(case: dict[str, Any]) -> None:
     want = case["plan"]
     actions = [_as_recorded(a, plan.status) for a in plan.actions]
     assert json.loads(json.dumps(actions)) == want["actions"]
-    assert [dataclasses.asdict(e) for e in plan.events] == want["events"]
+    # Recorded before an Event could be about another object than the release (Event.about): none is here.
+    assert [dataclasses.asdict(e) for e in plan.events] == [{**e, "about": None} for e in want["events"]]
     assert (plan.requeue_after, plan.done) == (want["requeueAfter"], want["done"])
     assert _dump(plan.status) == _upgraded(want["status"])
     # The batch state read from the old controller's status is the one the planner of today records.

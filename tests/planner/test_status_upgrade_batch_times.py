@@ -155,6 +155,7 @@ def test_an_old_status_is_planned_on_as_before(case: dict[str, Any]) -> None:
     plan = decide(spec, status, _observed(case["observed"]), now)
     want = case["plan"]
     assert _actions(plan.actions, plan.status) == want["actions"]
-    assert [dataclasses.asdict(e) for e in plan.events] == want["events"]
+    # Recorded before an Event could be about another object than the release (Event.about): none is here.
+    assert [dataclasses.asdict(e) for e in plan.events] == [{**e, "about": None} for e in want["events"]]
     assert (plan.requeue_after, plan.done) == (want["requeueAfter"], want["done"])
     assert _dump(plan.status) == _upgraded(want["status"])

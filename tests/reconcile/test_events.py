@@ -3,6 +3,7 @@ the status is written only when it changes."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,8 +11,8 @@ import pytest
 from greyrelease.api.release import GreyReleaseStatus, Phase
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import ApiError, path
-from greyrelease.planner.actions import Event, Plan
-from greyrelease.reconcile.record import numbered, post_events, stored, write_status
+from greyrelease.planner.actions import Event, Plan, Regarding
+from greyrelease.reconcile.record import event_names, numbered, post_events, stored, write_status
 
 from tests.support.faults import refuse
 
@@ -76,6 +77,33 @@ def test_the_next_transition_and_a_second_event_of_a_reason_get_names_of_their_o
     other_release = {**release({}), "metadata": {**release({})["metadata"], "uid": "u2"}}
     post_events(kube, other_release, plan(*READY), NOW)  # deleted and made again: another object
     assert len(kube.objects(EVENTS)) == 5
+
+
+def test_an_event_about_the_deployment_is_posted_on_it_once_under_a_name_of_its_own() -> None:
+    kube = MemoryKube()
+    web = Regarding("web", "d1")
+    both = (Event("Warning", "HandedBack", "on the release"), Event("Warning", "HandedBack", "on web", web))
+    post_events(kube, release({}), plan(*both, read=4), NOW)
+    post_events(kube, release({}), plan(*both, read=4), NOW)  # killed before the status write: again
+    events = {e["involvedObject"]["kind"]: e for e in kube.objects(EVENTS)}
+    assert len(kube.objects(EVENTS)) == 2 and sorted(events) == ["Deployment", "GreyRelease"]
+    deployment = events["Deployment"]
+    assert deployment["involvedObject"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "web",
+        "namespace": "shop",
+        "uid": "d1",
+    }
+    assert deployment["message"] == "on web" and deployment["type"] == "Warning"
+    # The release's own Event keeps the name it had before Events could be about another object.
+    (name,) = event_names(release({}), 5, both[:1])
+    assert events["GreyRelease"]["metadata"]["name"] == name
+    assert name == f"web.{hashlib.sha256(b'u1|5|HandedBack|1').hexdigest()[:16]}"
+    assert (
+        event_names(release({}), 5, both)[1]
+        == f"web.{hashlib.sha256(b'u1|5|Deployment|HandedBack|1').hexdigest()[:16]}"
+    )
 
 
 def test_a_plan_with_events_records_the_next_number_and_one_without_keeps_it() -> None:

@@ -223,9 +223,50 @@ def test_an_abort_removes_the_canary_and_leaves_the_template_held() -> None:
     status = status_of(kube)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Stalled"]["status"] == "True" and conditions["Ready"]["status"] == "False"
-    assert f"holds template {digest} (app:v2) but runs ReplicaSet {stable_rs[0]} (app:v1)" in status["message"]
+    assert f"holds app:v2 (template {digest[:8]}) but runs ReplicaSet {stable_rs[0]} (app:v1)" in status["message"]
     assert status["held"]["digest"] == digest and status["lastRelease"]["outcome"] == "Aborted"
+    (told,) = about_web(kube)
+    assert (told["type"], told["reason"]) == ("Warning", "ReleaseAborted")
+    assert told["involvedObject"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "web",
+        "namespace": NS,
+        "uid": d["metadata"]["uid"],
+    }
+    assert told["message"].startswith(
+        f"paused by GreyRelease web, whose release of app:v2 (template {digest[:8]}) ended Aborted: aborted by "
+        f"annotation. The spec holds that template; the pods run ReplicaSet {stable_rs[0]} (app:v1)."
+    )
     only_label_and_hold_written(kube)
+
+
+def about_web(kube: HeldKube) -> list[Obj]:
+    """The Events whose involvedObject is the Deployment web."""
+    return [e for e in kube.objects(EVENTS) if e["involvedObject"]["kind"] == "Deployment"]
+
+
+def test_an_abort_by_a_controller_killed_before_any_of_its_writes_tells_the_deployment_once() -> None:
+    def abort_under_way() -> HeldKube:
+        kube = cluster(**SERVICE_MODE)
+        commit(kube, "app:v2")
+        run(kube, until={"Progressing"})
+        run(kube, until={"Progressing"}, max_passes=3)
+        kube.patch(RELEASE_PATH, {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}})
+        kube.requests.clear()
+        return kube
+
+    clean = abort_under_way()
+    run(clean, until={"Aborted"})
+    writes = len(clean.writes)
+    expected = reasons(clean)
+    assert writes >= 4 and expected.count("ReleaseAborted") == 1
+    for at in range(writes):
+        kube = abort_under_way()
+        crash_before_write(kube, at)
+        run(kube, until={"Aborted"})
+        assert reasons(kube) == expected, f"killed before write {at}"
+        assert [e["reason"] for e in about_web(kube)] == ["ReleaseAborted"], f"killed before write {at}"
 
 
 def test_a_revert_in_git_after_an_abort_releases_the_hold_and_restarts_no_pod() -> None:
@@ -286,8 +327,12 @@ def test_deleting_the_release_mid_release_hands_the_deployment_back() -> None:
         is None
     )
     assert (kube.get(SERVICE) or {})["spec"]["selector"] == {"app": "web"}
-    handed = [e for e in kube.objects(EVENTS) if e["reason"] == "HandedBack"]
-    assert len(handed) == 1 and handed[0]["type"] == "Warning"
+    handed = {e["involvedObject"]["kind"]: e for e in kube.objects(EVENTS) if e["reason"] == "HandedBack"}
+    assert sorted(handed) == ["Deployment", "GreyRelease"]  # one on each
+    assert {e["type"] for e in handed.values()} == {"Warning"}
+    assert handed["Deployment"]["involvedObject"]["uid"] == d["metadata"]["uid"]
+    assert handed["Deployment"]["message"].startswith("GreyRelease web was deleted: this Deployment is no longer")
+    assert "rolls now, without a canary" in handed["Deployment"]["message"]
     only_label_and_hold_written(kube)
 
 

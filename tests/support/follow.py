@@ -60,6 +60,8 @@ class Deployment:
     replicasets: dict[str, ReplicaSet] = field(default_factory=dict)
     current: str = ""
     rolling: bool = False  # the hold released, the rollout not done yet
+    progress_deadline: int = 0  # spec.progressDeadlineSeconds (0: not set)
+    timed_out: str = ""  # the Progressing condition's message once the controller reports ProgressDeadlineExceeded
 
     @property
     def digest(self) -> str:
@@ -118,6 +120,13 @@ class FollowWorld(Stepping):
         """The HPA: the Deployment's replicas (the stable's pods follow at once)."""
         self.deployment.replicas = replicas
 
+    def stall(self, message: str) -> None:
+        """The Deployment controller gives up on the rollout under way: its Progressing condition False,
+        reason ProgressDeadlineExceeded, with ``message`` (the pods stay as they are)."""
+        d = self.deployment
+        assert d.rolling, "no rollout under way"
+        d.timed_out, d.observed_generation = message, d.generation
+
     def finish_rollout(self) -> None:
         if self.deployment.rolling:
             self._roll()
@@ -148,6 +157,8 @@ class FollowWorld(Stepping):
             images=d.images,
             enrolled=self.enrolled_elsewhere or d.enrolled,
             stable=stable,
+            progress_deadline=d.progress_deadline,
+            timed_out=d.timed_out if d.rolling else "",
         )
 
     def observed(self) -> Observed:
@@ -186,6 +197,7 @@ class FollowWorld(Stepping):
             d.replicasets[d.digest] = replace(rs, revision=str(d.revision))
             d.current = d.digest
         d.rolling = False
+        d.timed_out = ""
         d.observed_generation = d.generation
 
     def apply(self, action: Action) -> None:

@@ -330,8 +330,8 @@ class Notification(_Camel):
         default_factory=lambda: list(NOTIFY_DEFAULT_ON),
         min_length=1,
         max_length=50,
-        description="The Event reasons sent (see Events), or an Event type (Warning, Normal) for every Event of "
-        "that type. Default: every Warning, WaitingForApproval, ApprovalExpired and Succeeded.",
+        description="The Event reasons sent (listed under Notifications), or an Event type (Warning, Normal) "
+        "for every Event of that type. Default: every Warning, WaitingForApproval, ApprovalExpired and Succeeded.",
         json_schema_extra={"default": list(NOTIFY_DEFAULT_ON)},
     )
 

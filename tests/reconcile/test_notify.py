@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -447,3 +448,12 @@ def test_a_failing_router_of_notifications_does_not_fail_the_pass() -> None:
 
     outcome = Reconciler(kube, notify=broken).reconcile(NS, "web", now=T0)
     assert outcome is not None and outcome.plan.events and status_of(kube).get("phase")
+
+
+def test_the_readme_names_every_reason_an_on_list_may_name() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("\n## Notifications\n") :]
+    section = section[: section.index("\n## ", 1)]
+    reasons = {v for k, v in vars(R).items() if k.isupper() and not k.startswith("COND_")}
+    missing = sorted(r for r in reasons if f"`{r}`" not in section)
+    assert not missing, f"README's Notifications section does not list: {missing}"

@@ -14,10 +14,10 @@ that hangs holds only its own lane, for its timeout.
 
 Each delivery: the URL is read from its Secret (kept ``secret_ttl`` seconds, dropped after any failure so a
 rotated URL is read again), then POSTed with a timeout; a refused connection, a dropped connection, a
-connect timeout and a 5xx answer are tried again (``attempts`` in all, waiting 1 s, 2 s, ... up to 5 s
-between them). A timeout while waiting for the answer is not: the receiver has the request and may have
-acted on it, and trying again would only hold the lane as long again. A 3xx or 4xx answer is final
-(redirects are not followed). A delivery that fails, whatever the cause, is counted
+connect timeout (half the timeout) and a 5xx answer are tried again (``attempts`` in all, waiting 1 s,
+2 s, ... up to 5 s between them). A timeout while waiting for the answer is not: the receiver has the
+request and may have acted on it, and trying again would only hold the lane as long again. A 3xx or 4xx
+answer is final (redirects are not followed). A delivery that fails, whatever the cause, is counted
 (``greyrelease_notifications_failed_total``), posts a Warning Event ``NotificationFailed`` on the release
 naming the notification and the cause (the Secret when it is the Secret; never the URL, a credential), and
 is recorded in ``status.notifications``. The release is not held for it.
@@ -172,9 +172,9 @@ class Notifier:
     async def _run(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         self._started.set()
-        # The total timeout bounds the connection, the request and the answer; the connect phase also has
-        # one of its own, so that a receiver that cannot be reached is told from one that hangs.
-        timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.timeout)
+        # The total timeout bounds the connection, the request and the answer; connecting has half of it,
+        # so that a receiver that cannot be reached (tried again) is told from one that hangs (not).
+        timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.timeout / 2)
         tasks: set[asyncio.Task[None]] = set()
         async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": "greyrelease"}) as session:
             while not self._stopping:
@@ -317,7 +317,7 @@ class Notifier:
             self.kube.create(path("", "v1", "events", d.namespace), body)
         except Conflict:
             pass
-        except ApiError as err:
+        except Exception as err:  # refused, or this replica no longer drives the release's shard
             log.warning(f"[{d.namespace}/{d.release}] event {NOTIFICATION_FAILED} not posted: {err}")
         self._record(d, "Failed", why, now)
 
@@ -352,7 +352,7 @@ class Notifier:
             self.kube.patch(
                 release_path(d.namespace, d.release, "status"), {"status": {"notifications": entries}}, patch_type=MERGE
             )
-        except ApiError as err:
+        except Exception as err:  # as above: what is recorded is told in the log when it cannot be
             log.warning(f"[{d.namespace}/{d.release}] status.notifications not written: {err}")
 
 

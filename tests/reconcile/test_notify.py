@@ -457,3 +457,17 @@ def test_the_readme_names_every_reason_an_on_list_may_name() -> None:
     reasons = {v for k, v in vars(R).items() if k.isupper() and not k.startswith("COND_")}
     missing = sorted(r for r in reasons if f"`{r}`" not in section)
     assert not missing, f"README's Notifications section does not list: {missing}"
+
+
+def test_the_passes_never_write_status_notifications_which_the_sender_owns() -> None:
+    kube = cluster(notifications=EVERYTHING)
+    entry = {"name": "all", "source": "GreyRelease", "result": "Failed", "message": "Secret shop/hooks not found"}
+    ref = path("greyrelease.io", "v1", "greyreleases", NS, "web", "status")
+    kube.patch(ref, {"status": {"notifications": [entry]}})
+    sent = list[Delivery]()
+    release_run(kube, sent)
+    status = status_of(kube)
+    assert status["phase"] == "Succeeded" and status["notifications"] == [entry]
+    written = [r for r in kube.requests if r[0] == "PATCH" and r[1] == ref]
+    assert len(written) >= 5  # every one of those status writes left the entry alone
+    assert GreyReleaseStatus.model_validate(status).notifications[0].result == "Failed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -40,7 +41,10 @@ def _limits(node: dict[str, Any]) -> str:
         if key in node:
             parts.append(f"{label} {node[key]}")
     if "default" in node:
-        parts.append(f"default `{node['default']}`")
+        default = node["default"]
+        # A list or an object as YAML writes it inline, not as Python's repr.
+        shown = json.dumps(default) if isinstance(default, list | dict) else default
+        parts.append(f"default `{shown}`")
     return ", ".join(parts)
 
 

@@ -286,6 +286,81 @@ class Analysis(_Camel):
     metrics: list[Metric] = Field(min_length=1, max_length=20, description="All must pass for a batch to move on.")
 
 
+# --- notifications: who hears of a release's Events ---------------------------------------------------
+
+#: What a notification is sent for when its ``on`` is left out: every Warning Event, a batch waiting for
+#: its approval, an approval that expired, and a release that succeeded (the Event reasons of
+#: ``greyrelease.planner.reasons``, by name: this package imports nothing above it).
+NOTIFY_DEFAULT_ON = ("Warning", "WaitingForApproval", "ApprovalExpired", "Succeeded")
+#: The Event types an ``on`` entry may name instead of a reason: every Event of that type.
+EVENT_TYPES = ("Normal", "Warning")
+
+
+class UrlSecretRef(_Camel):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description="The Secret: in the release's namespace for a release's notification, in the controller's "
+        "namespace for a GreyReleasePolicy's.",
+    )
+    key: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="The key holding the webhook URL."
+    )
+
+
+class Notification(_Camel):
+    """Where a release's Events are sent, and which: one HTTP POST per Event it is on."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Names the notification in the status, its Events and the controller's metrics.",
+    )
+    format: Literal["generic", "slack"] = Field(
+        "generic",
+        description="generic: a JSON document of the Event and the release's state. slack: a Slack incoming-"
+        "webhook message (Mattermost and Rocket.Chat take it too, Discord at its webhook URL + /slack).",
+    )
+    url_secret_ref: UrlSecretRef = Field(
+        description="The Secret key holding the URL posted to (a webhook URL is a credential)."
+    )
+    on: list[Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Z][A-Za-z]*$")]] = Field(
+        default_factory=lambda: list(NOTIFY_DEFAULT_ON),
+        min_length=1,
+        max_length=50,
+        description="The Event reasons sent (listed under Notifications), or an Event type (Warning, Normal) "
+        "for every Event of that type. Default: every Warning, WaitingForApproval, ApprovalExpired and Succeeded.",
+        json_schema_extra={"default": list(NOTIFY_DEFAULT_ON)},
+    )
+
+    def wants(self, type: str, reason: str) -> bool:
+        """Whether an Event of this type and reason is sent to this notification."""
+        return reason in self.on or type in self.on
+
+
+def _unique_names(items: list[Notification] | None) -> list[Notification] | None:
+    names = [n.name for n in items or ()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"notification names must be unique: {', '.join(twice)} more than once")
+    return items
+
+
+Notifications = Annotated[
+    list[Notification] | None,
+    Field(
+        max_length=20,
+        description="Where this release's Events are sent (see Notifications).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.all(x, self.exists_one(y, y.name == x.name))", "notification names must be unique")
+            ]
+        },
+    ),
+]
+
 # --- governance: when batches may start, and after what -------------------------------------------
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -422,6 +497,13 @@ class GreyReleasePolicySpec(_Camel):
     )
     freezes: list[Freeze] | None = Field(None, max_length=200, description="No batch starts within any of these.")
     concurrency: Concurrency | None = Field(None, description="A limit on releases progressing at once.")
+    notifications: Notifications = Field(
+        None,
+        description="Where the Events of the releases it governs are sent (URLs in Secrets of the controller's "
+        "namespace).",
+    )
+
+    _notification_names = field_validator("notifications")(_unique_names)
 
     def governs(self, namespace: str, labels: dict[str, str]) -> bool:
         if self.namespaces is not None and namespace not in self.namespaces:
@@ -531,6 +613,13 @@ class GreyReleaseSpec(_Camel):
         max_length=50,
         description="Start only once these GreyReleases (same namespace) have Succeeded for their current spec.",
     )
+    notifications: Notifications = Field(
+        None,
+        description="Where this release's Events are sent (URLs in Secrets of its namespace), besides those of "
+        "the GreyReleasePolicies that govern it.",
+    )
+
+    _notification_names = field_validator("notifications")(_unique_names)
 
     @property
     def follows(self) -> bool:
@@ -801,6 +890,17 @@ class ApprovalRecord(_Camel):
     at: Timestamp | None = Field(None, description="When it was honoured.")
 
 
+class NotificationStatus(_Camel):
+    """How the last notification of one entry of ``notifications`` (the release's or a policy's) went."""
+
+    name: str = Field(description="The notification's name.")
+    source: str = Field(description="Where it is declared: GreyRelease, or GreyReleasePolicy/<name>.")
+    result: Literal["Sent", "Failed"] = Field(description="Sent (the receiver answered 2xx) or Failed.")
+    message: str = Field("", description="Why it failed: the Secret, the answer, the error.")
+    event: str = Field("", description="The Event (its reason and name) whose notification had this result.")
+    at: Timestamp | None = Field(None, description="When.")
+
+
 class BatchTimes(_Camel):
     """When the current batch began, went live and waits until. A batch that begins starts them afresh; one
     that ends (the promotion, the end of a rollback) keeps only when it began."""
@@ -882,6 +982,13 @@ class GreyReleaseStatus(_Camel):
     )
     approvals: list[ApprovalRecord] = Field(
         default_factory=list, description="Follow mode: the batches of the release under way approved, in order."
+    )
+    notifications: list[NotificationStatus] = Field(
+        default_factory=list,
+        exclude=True,
+        description="Each notification's last result, when it failed or first succeeded after a failure. "
+        "Written by the notification sender alone: a pass never writes it (it is left out of what a pass "
+        "serialises), so a pass and the sender never overwrite each other's fields.",
     )
 
     @model_validator(mode="before")

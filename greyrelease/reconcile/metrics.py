@@ -7,6 +7,11 @@
 - ``greyrelease_prometheus_query_duration_seconds`` and ``greyrelease_prometheus_query_errors_total``
 - ``greyrelease_gc_pause_seconds{generation}``: Python's cyclic garbage collections, which stop every
   thread of the process while they run (the oldest generation's grow with the objects held in memory)
+- ``greyrelease_notifications_{sent,failed,dropped}_total{notification,format}``: notifications the
+  receiver took (2xx), that failed (Secret unreadable, an error answer, a timeout, retries spent), and
+  that were dropped unsent from a full queue (the oldest first); ``notification`` is the entry's name,
+  ``other`` past the first :data:`MAX_NOTIFICATION_LABELS` names seen, so the series stay bounded
+- ``greyrelease_notification_send_duration_seconds{format}``: one notification's POSTs, retries included
 """
 
 from __future__ import annotations
@@ -50,6 +55,43 @@ GC_PAUSE = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 QUERY_ERRORS = Counter("greyrelease_prometheus_query_errors_total", "Prometheus queries that failed after retries.")
+_NOTIFICATION = ["notification", "format"]
+NOTIFICATIONS_SENT = Counter(
+    "greyrelease_notifications_sent_total", "Notifications a receiver took (a 2xx answer).", _NOTIFICATION
+)
+NOTIFICATIONS_FAILED = Counter(
+    "greyrelease_notifications_failed_total",
+    "Notifications not sent: Secret unreadable, an error answer, a timeout, or retries spent.",
+    _NOTIFICATION,
+)
+NOTIFICATIONS_DROPPED = Counter(
+    "greyrelease_notifications_dropped_total",
+    "Notifications dropped unsent because the queue was full (the oldest first).",
+    _NOTIFICATION,
+)
+NOTIFICATION_SEND = Histogram(
+    "greyrelease_notification_send_duration_seconds",
+    "Duration of sending one notification, retries and their waits included.",
+    ["format"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+#: Distinct notification names given their own label value; any further one is counted as ``other``.
+MAX_NOTIFICATION_LABELS = 50
+_notification_names: set[str] = set()
+_notification_names_lock = threading.Lock()
+
+
+def notification_label(name: str) -> str:
+    """``name`` as the ``notification`` label: itself while fewer than :data:`MAX_NOTIFICATION_LABELS`
+    names have been seen (names are users', and every release may have its own), else ``other``."""
+    with _notification_names_lock:
+        if name in _notification_names:
+            return name
+        if len(_notification_names) < MAX_NOTIFICATION_LABELS:
+            _notification_names.add(name)
+            return name
+    return "other"
+
 
 _ROLLED_BACK = (Phase.ROLLING_BACK, Phase.ABORTED, Phase.FAILED)
 _ROLLBACK_REASONS = {

@@ -12,27 +12,35 @@ idle release costs reads, never writes. Each step is a unit of its own: :mod:`.o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
 from greyrelease.kube.protocol import Kube
 from greyrelease.kube.workload import canary_name
-from greyrelease.planner.actions import Plan
+from greyrelease.planner.actions import Event, Plan
 from greyrelease.planner.invalid import invalid_spec
 from greyrelease.planner.machine import decide
 from greyrelease.reconcile.deployments import deployments_path
 from greyrelease.reconcile.execute import execute
 from greyrelease.reconcile.gates import Gates, due
+from greyrelease.reconcile.notify import Delivery, deliveries
 from greyrelease.reconcile.observe import observe
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 
 __all__ = ["Outcome", "Reconciler", "deployments_path", "release_path"]
+
+log = logging.getLogger("greyrelease")
+
+#: Where the notifications of the Events a pass created go: the sender's queue (it must not block).
+Notify = Callable[[list[Delivery]], None]
 
 
 @dataclass
@@ -49,10 +57,17 @@ class Outcome:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, gates: Gates | None = None, governing: Governing | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        gates: Gates | None = None,
+        governing: Governing | None = None,
+        notify: Notify | None = None,
+    ) -> None:
         self.kube = kube
         self.gates = gates if gates is not None else Gates(kube)
         self.governing = governing or Governing()
+        self.notify = notify
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -68,7 +83,7 @@ class Reconciler:
                 spec = GreyReleaseSpec.model_validate(release.get("spec") or {})
             except ValidationError as err:
                 plan = numbered(invalid_spec(status, err, now), status)
-                post_events(self.kube, release, plan, now)
+                self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
                 write_status(self.kube, release, plan.status)
                 return Outcome(plan, decided_at=decided_at)
             scene = observe(self.kube, release, spec, status, self.governing)
@@ -76,11 +91,27 @@ class Reconciler:
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
             plan = numbered(decide(spec, status, scene.observed, now), status)
             execute(self.kube, plan.actions, scene)
-            post_events(self.kube, release, plan, now)
+            self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
                 write_status(self.kube, release, plan.status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
+
+    def _notify(
+        self, release: Obj, created: list[tuple[str, Event]], plan: Plan, read: GreyReleaseStatus, now: datetime
+    ) -> None:
+        """Hand the notifications of the Events this pass created to the sender (never those of Events an
+        earlier pass created: see :func:`~greyrelease.reconcile.record.post_events`). The pass goes on
+        whatever happens here: its Events are posted, and failing it now would post none again."""
+        if self.notify is None or not created:
+            return
+        try:
+            found = deliveries(self.kube, release, created, plan.status, read, now, self.governing.slots_namespace)
+            if found:
+                self.notify(found)
+        except Exception as err:  # a notification is never worth a failed pass
+            meta = release.get("metadata") or {}
+            log.warning(f"[{meta.get('namespace')}/{meta.get('name')}] notifications not handed on: {err!r}")
 
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """Passes over one release never overlap: a pass already running (say, in a daemon that kopf is

@@ -107,13 +107,16 @@ def involved(release: Obj, ev: Event) -> Obj:
     }
 
 
-def post_events(kube: Kube, release: Obj, plan: Plan, now: datetime) -> None:
+def post_events(kube: Kube, release: Obj, plan: Plan, now: datetime) -> list[tuple[str, Event]]:
     """Post a plan's Events after its actions and before its status: exactly once per transition (see the
     module's docstring). ``plan`` is :func:`numbered`. An Event the API server refuses for another reason is
-    logged and skipped."""
+    logged and skipped. Returns the Events this call created, with their names: not those refused with 409
+    (an earlier pass of the same transition created them), so what follows an Event's creation (its
+    notifications) happens once too."""
     events = plan.events
+    created: list[tuple[str, Event]] = []
     if not events:
-        return
+        return created
     meta = release["metadata"]
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for name, ev in zip(event_names(release, plan.status.transitions or 0, events), events, strict=True):
@@ -133,10 +136,12 @@ def post_events(kube: Kube, release: Obj, plan: Plan, now: datetime) -> None:
         }
         try:
             kube.create(path("", "v1", "events", meta["namespace"]), body)
+            created.append((name, ev))
         except Conflict:
             pass  # posted by the pass that planned the same transition and died before its status write
         except ApiError as err:
             log.warning(f"event {ev.reason} not posted: {err}")
+    return created
 
 
 # --- status ------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from greyrelease.planner.machine import aborting
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.reconciler import Outcome, Reconciler
+from greyrelease.runtime.notifier import Notifier
 from greyrelease.runtime.pool import PassPool
 
 log = logging.getLogger("greyrelease")
@@ -191,6 +192,7 @@ class Runtime:
         governing: Governing | None = None,
         phases: metrics.Phases | None = None,
         shard: Shard | None = None,
+        notifications: bool = False,
     ) -> None:
         self.tuning = tuning or Tuning()
         self.shard = shard
@@ -202,7 +204,11 @@ class Runtime:
         # (Lists of releases are read only by releases waiting to start under a limit or after another.)
         self.kube.cache(path(GROUP, VERSION, PLURAL), self.releases, lists=True)
         self.registry = Registry()
-        self.reconciler = Reconciler(self.kube, governing=governing)
+        #: The notification sender (started by :meth:`start_notifier`): the passes queue the notifications
+        #: of the Events they create, and it sends them on a thread of its own.
+        self.notifier = Notifier(self.kube) if notifications else None
+        notify = self.notifier.submit if self.notifier is not None else None
+        self.reconciler = Reconciler(self.kube, governing=governing, notify=notify)
         self.phases = phases or metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
@@ -219,7 +225,13 @@ class Runtime:
             )
         return self._pool
 
+    def start_notifier(self) -> None:
+        if self.notifier is not None:
+            self.notifier.start()
+
     def stop(self) -> None:
+        if self.notifier is not None:
+            self.notifier.stop()
         for reflector in self._reflectors:
             reflector.stop()
         self._reflectors = []

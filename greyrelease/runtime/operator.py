@@ -98,8 +98,10 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
             governing=governing if isinstance(governing, Governing) else None,
             phases=phases if isinstance(phases, metrics.Phases) else None,
             shard=shard if isinstance(shard, Shard) else None,
+            notifications=True,
         )
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
+        rt.start_notifier()
         await rt.watch(api, list(memo.get("namespaces") or []))
         collector.settle()  # what the process holds once started is not walked by collections again
     state = memo.get("state")

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
 from greyrelease.kube.protocol import Kube
 from greyrelease.kube.workload import canary_name
 from greyrelease.planner.actions import Plan
@@ -55,6 +55,9 @@ class Reconciler:
         self.governing = governing or Governing()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        #: Per release, the resourceVersion of the object last found to hold, as stored, the status the
+        #: model reads from it (see :meth:`_record`).
+        self._read_back: dict[tuple[str, str], str] = {}
 
     def reconcile(self, namespace: str, name: str, *, now: datetime | None = None) -> Outcome | None:
         """Observe, decide, execute, post Events, record. None when the GreyRelease is gone."""
@@ -78,9 +81,20 @@ class Reconciler:
             execute(self.kube, plan.actions, scene)
             post_events(self.kube, release, plan, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
-                write_status(self.kube, release, plan.status)
+                self._record((namespace, name), release, status, plan.status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
+
+    def _record(self, key: tuple[str, str], release: Obj, read: GreyReleaseStatus, status: GreyReleaseStatus) -> None:
+        """Write ``status`` when the object does not hold it. A status the plan left as it was read (the
+        same object) needs no comparison when the object is at the resourceVersion an earlier pass found
+        to hold, as stored, the status read from it: the same version holds the same status, which reads
+        back the same. An idle release's passes are such (bench/README.md, "What an idle pass repeats")."""
+        version = (release.get("metadata") or {}).get("resourceVersion")
+        if status is not read or version is None:
+            write_status(self.kube, release, status)
+        elif self._read_back.get(key) != version and not write_status(self.kube, release, status):
+            self._read_back[key] = version
 
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """Passes over one release never overlap: a pass already running (say, in a daemon that kopf is
@@ -91,3 +105,4 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+            self._read_back.pop((namespace, name), None)

@@ -228,10 +228,17 @@ class Pass:
             batch = f"queued #{st.queue_position}"
         else:
             batch = f"{st.current_batch}/{st.total_batches}" if st.total_batches else ""
-        status = st.model_copy(update={"observed_generation": generation, "batch": batch})
-        status = status.model_copy(update={"conditions": _conditions(status, self.now)})
+        # An idle pass changes none of these: the status is copied only for what changed (bench/README.md,
+        # "What an idle pass repeats").
+        if st.observed_generation != generation or st.batch != batch:
+            st = st.model_copy(update={"observed_generation": generation, "batch": batch})
+        conditions = _conditions(st, self.now)
+        if len(conditions) != len(st.conditions) or any(
+            a is not b for a, b in zip(conditions, st.conditions, strict=True)
+        ):
+            st = st.model_copy(update={"conditions": conditions})
         return Plan(
-            status=status,
+            status=st,
             actions=tuple(self.actions),
             events=tuple(self.events),
             requeue_after=self.requeue,

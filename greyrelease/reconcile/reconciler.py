@@ -70,6 +70,9 @@ class Reconciler:
         self.notify = notify
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        #: Per release, the resourceVersion of the object last found to hold, as stored, the status the
+        #: model reads from it (see :meth:`_record`).
+        self._read_back: dict[tuple[str, str], str] = {}
 
     def reconcile(self, namespace: str, name: str, *, now: datetime | None = None) -> Outcome | None:
         """Observe, decide, execute, post Events, record. None when the GreyRelease is gone."""
@@ -93,7 +96,7 @@ class Reconciler:
             execute(self.kube, plan.actions, scene)
             self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
-                write_status(self.kube, release, plan.status)
+                self._record((namespace, name), release, status, plan.status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
 
@@ -113,6 +116,17 @@ class Reconciler:
             meta = release.get("metadata") or {}
             log.warning(f"[{meta.get('namespace')}/{meta.get('name')}] notifications not handed on: {err!r}")
 
+    def _record(self, key: tuple[str, str], release: Obj, read: GreyReleaseStatus, status: GreyReleaseStatus) -> None:
+        """Write ``status`` when the object does not hold it. A status the plan left as it was read (the
+        same object) needs no comparison when the object is at the resourceVersion an earlier pass found
+        to hold, as stored, the status read from it: the same version holds the same status, which reads
+        back the same. An idle release's passes are such (bench/README.md, "What an idle pass repeats")."""
+        version = (release.get("metadata") or {}).get("resourceVersion")
+        if status is not read or version is None:
+            write_status(self.kube, release, status)
+        elif self._read_back.get(key) != version and not write_status(self.kube, release, status):
+            self._read_back[key] = version
+
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """Passes over one release never overlap: a pass already running (say, in a daemon that kopf is
         stopping because the object is being deleted) finishes before the next one starts."""
@@ -122,3 +136,4 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+            self._read_back.pop((namespace, name), None)

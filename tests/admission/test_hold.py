@@ -19,6 +19,7 @@ from greyrelease.admission import (
     release_patch,
     template_digest,
 )
+from greyrelease.admission.hold import normal_template
 
 Obj = dict[str, Any]
 LABEL = "greyrelease.io/release"
@@ -487,6 +488,32 @@ def test_digest_ignores_what_the_api_server_ignores() -> None:
     assert template_digest(base) == template_digest(same) == V1_DIGEST
     assert template_digest(deployment(V2)["spec"]["template"]) != V1_DIGEST
     assert len(V1_DIGEST) == 16 and int(V1_DIGEST, 16) >= 0
+
+
+@pytest.mark.parametrize(
+    ("template", "normal"),
+    [
+        ({}, {}),
+        ({"metadata": {"labels": {"pod-template-hash": "abc"}}, "spec": {"a": 1}}, {"spec": {"a": 1}}),
+        (
+            {"metadata": {"labels": {"pod-template-hash": "abc"}, "annotations": {"x": "1"}}},
+            {"metadata": {"annotations": {"x": "1"}}},
+        ),
+        (
+            {"metadata": {"labels": {"pod-template-hash": "abc", "app": "web", "gone": None}}},
+            {"metadata": {"labels": {"app": "web"}}},
+        ),
+        ({"metadata": {"labels": {"pod-template-hash": "abc", "gone": None}, "annotations": {}}}, {}),
+        (
+            {"metadata": None, "spec": {"volumes": [], "containers": [{"name": "app", "env": None}]}},
+            {"spec": {"containers": [{"name": "app"}]}},
+        ),
+    ],
+)
+def test_a_template_as_the_deployment_controller_compares_it(template: Obj, normal: Obj) -> None:
+    given = copy.deepcopy(template)
+    assert normal_template(template) == normal
+    assert template == given  # the template given is not changed
 
 
 def test_the_release_patch_lifts_exactly_the_hold() -> None:

@@ -305,6 +305,25 @@ def test_pinned_mode_takes_the_batch_number_kubectl_gr_writes_and_consumes_it() 
     assert "the release is at batch 2/" in plan.events[0].message
 
 
+def test_a_pass_in_a_pause_plans_the_status_as_it_read_it() -> None:
+    """Nothing changes in a pause: the plan's status is the one read (not a copy), so the reconciler can
+    tell an idle pass without comparing; a new generation or a new message is recorded."""
+    w = started(World(spec(pause="30s")))
+    hold(w)
+    w.advance(10)
+    read = w.status
+    plan = w.step()
+    assert plan.status is read and plan.requeue_after == pytest.approx(20)
+    again = decide(w.spec, read, replace(w.observed(), generation=2), w.now)
+    assert again.status.observed_generation == 2 and again.status.conditions == read.conditions
+    edited = read.model_copy(update={"message": "edited"})
+    plan = decide(w.spec, edited, w.observed(), w.now)
+    assert plan.status.message == "edited"
+    for now, then in zip(plan.status.conditions, read.conditions, strict=True):
+        # The conditions that hold carry the message; the others are the ones read.
+        assert now.message == "edited" if now.status == "True" else now is then
+
+
 def test_manual_pause_waits_for_promote_next_and_consumes_it() -> None:
     w = started(World(spec(pause="manual")))
     plan = hold(w)

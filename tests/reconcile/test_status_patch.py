@@ -1,7 +1,8 @@
 """The status patch of a pass: None when the object holds the status already, as the API server stores it
 (no null anywhere, ``endPhase``'s None as ``""``), else the whole status with its nulls. The comparison
 serialises the status once, without its nulls; it must decide exactly as a comparison of both sides with
-their nulls dropped would."""
+their nulls dropped would. And the reconciler compares an idle release's status once per version of the
+object, yet writes every status the plan changes or another hand changed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import pytest
 from greyrelease.api.release import BatchTimes, GreyReleaseStatus, Phase, fmt_time
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import path
+from greyrelease.reconcile import reconciler as reconciler_module
+from greyrelease.reconcile.reconciler import Reconciler
 from greyrelease.reconcile.record import status_patch, stored, write_status
+
+from tests.support.builders import NS, T0, cluster, roll_out, status_of
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 RELEASE = path("greyrelease.io", "v1", "greyreleases", "shop", "web")
@@ -166,3 +171,49 @@ def test_the_decision_is_the_comparison_with_nulls_dropped(key: str, value: Any,
     held = {k: v for k, v in held.items() if k != key} if value is None else {**held, key: value}
     patch = status_patch(release(held), status)
     assert (patch is not None) == differs_as_stored(held, status), (key, value, planned, patch)
+
+
+# --- the reconciler: an idle release's status compared once per version of the object ----------------
+
+
+HELD = [{"replicas": 1}, {"replicas": 2, "pause": "1h"}, {"replicas": 4}]
+STATUS = path("greyrelease.io", "v1", "greyreleases", NS, "web", "status")
+
+
+def test_an_idle_release_is_compared_once_per_version_of_the_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = cluster(batches=HELD)
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(20):
+        reconciler.reconcile(NS, "web", now=now)
+        if (status_of(kube).get("batchTimes") or {}).get("readyAt") and status_of(kube)["currentBatch"] == 2:
+            break
+        roll_out(kube)
+        now += timedelta(seconds=10)
+    compared: list[bool] = []
+
+    def counted(kube: Any, release: Any, status: GreyReleaseStatus) -> bool:
+        compared.append(write_status(kube, release, status))
+        return compared[-1]
+
+    monkeypatch.setattr(reconciler_module, "write_status", counted)
+    kube.requests.clear()
+    for _ in range(3):  # in the pause: the first pass compares (nothing to write), the others need not
+        now += timedelta(seconds=1)
+        reconciler.reconcile(NS, "web", now=now)
+    assert compared == [False] and kube.writes == []
+
+    # Another hand removes a field the status has (endPhase, ""): a new version of the object, compared
+    # again, the field written back.
+    held = status_of(kube)
+    kube.patch(STATUS, {"status": {"endPhase": None}})
+    assert "endPhase" not in status_of(kube)
+    kube.requests.clear()
+    for _ in range(3):
+        now += timedelta(seconds=1)
+        reconciler.reconcile(NS, "web", now=now)
+    assert compared == [False, True, False]  # written back; then the version written found to hold it
+    assert kube.writes == [("PATCH", STATUS)] and status_of(kube) == held
+
+    # The pause over: the plan changes the status, written whatever version was found to hold the last.
+    reconciler.reconcile(NS, "web", now=now + timedelta(hours=1))
+    assert compared[-1] is True and status_of(kube)["currentBatch"] == 3

@@ -12,7 +12,8 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -131,32 +132,66 @@ def check_completed_once(cluster: Cluster, releases: list[tuple[str, str]], time
     return problems
 
 
+#: The controller's client gives up on a request after this many seconds (greyrelease.kube.client).
+CLIENT_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The replica lost, and when (the test's clock, which is the API server's: one machine): SIGKILLed or
+    SIGSTOPped at ``since``, let go on (SIGCONT) at ``until`` (never, when killed)."""
+
+    pid: int
+    since: datetime
+    until: datetime | None = None
+
+    def owns(self, identity: str) -> bool:
+        """Whether ``identity`` (the holder's name in a Lease and its user agent: host, pid, a random part) is
+        the lost replica's."""
+        return identity.rsplit("-", 2)[-2:-1] == [str(self.pid)]
+
+    def in_flight(self, received: datetime) -> bool:
+        """A write of the lost replica the API server received while the replica was dead or frozen: it can
+        only have been sent before (when the replica held its shard, which the check of the writes sent
+        after shows), and it was received within the client's timeout of that."""
+        return (
+            self.since
+            <= received
+            <= min(self.until or datetime.max.replace(tzinfo=UTC), self.since + timedelta(seconds=CLIENT_TIMEOUT))
+        )
+
+
 def writes_outside_tenure(
-    cluster: LocalCluster, namespaces: list[str], system: str, since: datetime
-) -> tuple[int, list[str]]:
+    cluster: LocalCluster, namespaces: list[str], system: str, since: datetime, lost: Lost
+) -> tuple[int, list[str], list[str]]:
     """Every write of the replicas in the release namespaces, checked against the shard Leases' history in
     the audit log: it must come from the replica that last wrote its shard's Lease (taken or renewed), less
-    than the Lease's duration after that write. The number of writes checked, and the ones that fail."""
+    than the Lease's duration after that write. The number of writes checked, the ones that fail, and the
+    writes the lost replica had sent before it was lost that the API server received after (in flight: no
+    Lease fences a request already on the wire; the replica's own check stops sending 2 s before its Lease
+    can be taken, and an API server slow to read a request can take longer than that)."""
     timeline: dict[int, list[tuple[datetime, str]]] = {k: [] for k in range(SHARDS)}
     for w in audited_writes(cluster, namespace=system, agents=("greyrelease/",), since=since):
         m = re.fullmatch(rf"greyrelease-shard-(\d+)-of-{SHARDS}", w.name)
         if w.resource == "leases" and m and 200 <= w.code < 300:
             holder = ((w.body or {}).get("spec") or {}).get("holderIdentity") or ""
             timeline[int(m.group(1))].append((w.at, holder))
-    checked, problems = 0, []
+    checked, problems, in_flight = 0, [], []
     for ns in namespaces:
         k = shard_of(ns, SHARDS)
         for w in audited_writes(cluster, namespace=ns, agents=("greyrelease/",), since=since):
             checked += 1
             me = w.agent.split("/", 1)[1].split(" ")[0]
             before = [(at, holder) for at, holder in timeline[k] if at <= w.at]
-            if not before:
+            if before and before[-1][1] != me and lost.owns(me) and lost.in_flight(w.at):
+                in_flight.append(f"{w} by {me}, received while it was lost (since {lost.since})")
+            elif not before:
                 problems.append(f"{w} by {me}: shard {k}'s Lease never held before it")
             elif before[-1][1] != me:
                 problems.append(f"{w} by {me}: shard {k}'s Lease held by {before[-1][1]!r} since {before[-1][0]}")
             elif (w.at - before[-1][0]).total_seconds() >= LEASE:
                 problems.append(f"{w} by {me}: shard {k}'s Lease last renewed at {before[-1][0]}")
-    return checked, problems
+    return checked, problems, in_flight
 
 
 def stop_all(replicas: list[Controller]) -> None:
@@ -193,6 +228,8 @@ def test_a_replica_lost_mid_release_hands_its_shard_over_and_every_release_compl
         releases = start_releases(cluster, namespaces)
         wait_for(lambda: status(cluster, namespaces[0], "app-0").get("currentBatch") == 2, 60, "batch 2 under way")
         victim, k = victim_of(replicas, namespaces)
+        assert victim.proc is not None
+        lost = Lost(victim.proc.pid, now())
         if fault == "sigkill":
             victim.kill()
         else:
@@ -202,13 +239,18 @@ def test_a_replica_lost_mid_release_hands_its_shard_over_and_every_release_compl
         assert took <= 15
         if fault == "cut-off":
             time.sleep(5)  # the releases go on under the new holder while the old one is still frozen
+            lost = replace(lost, until=now())
             victim.signal(signal.SIGCONT)
             wait_for(lambda: f"shard {k} stopped" in victim.log.read_text(errors="replace"), 30, "old holder stopping")
             refused = victim.log.read_text(errors="replace").count("refused: this replica does not hold the shard")
             print(f"writes the old holder refused itself once back: {refused}")
         problems = check_completed_once(cluster, releases)
-        checked, outside = writes_outside_tenure(cluster, namespaces, system, since)
-        print(f"{checked} writes of the replicas checked against the shard Leases: {len(outside)} outside")
+        checked, outside, in_flight = writes_outside_tenure(cluster, namespaces, system, since, lost)
+        print(
+            f"{checked} writes of the replicas checked against the shard Leases: {len(outside)} outside; "
+            f"{len(in_flight)} sent before the replica was lost and received after its Lease was taken"
+            + "".join(f"\n  {w}" for w in in_flight)
+        )
         assert not problems, "\n".join(problems)
         assert checked > 30 * 5 and not outside, "\n".join(outside[:20])
     finally:

@@ -79,8 +79,20 @@ class HPA:
     def replicas(self) -> int:
         return int(self.get_scale()["spec"].get("replicas", 0))
 
-    def scale_to(self, replicas: int, *, check: bool = True) -> ScaleWrite:
-        """GET the scale, and PUT it back with ``replicas`` if that differs, as the HPA rescales."""
+    def scale_to(self, replicas: int, *, check: bool = True, syncs: int = 5) -> ScaleWrite:
+        """GET the scale, and PUT it back with ``replicas`` if that differs, as the HPA rescales. A PUT refused
+        with 409 (the Deployment written between the GET and the PUT: by the Deployment controller's status
+        updates, a GitOps sync) is tried again from a new GET, as the HPA does at its next sync, up to
+        ``syncs`` times; every attempt is in :attr:`writes`, so a test can count the conflicts."""
+        for _ in range(syncs):
+            write = self._sync(replicas)
+            if write.code == 0 or "Conflict" not in write.stderr:
+                break
+        if check and not write.ok:
+            raise KubectlError(write.code, ["kubectl", "replace", "--raw", self.path], "", write.stderr)
+        return write
+
+    def _sync(self, replicas: int) -> ScaleWrite:
         at, started = datetime.now(UTC), time.monotonic()
         scale = self.get_scale()
         before = int(scale["spec"].get("replicas", 0))
@@ -93,9 +105,12 @@ class HPA:
             code, stderr = proc.returncode, proc.stderr
         write = ScaleWrite(at, time.monotonic() - started, before, replicas, version, code, stderr)
         self.writes.append(write)
-        if check and not write.ok:
-            raise KubectlError(code, ["kubectl", "replace", "--raw", self.path], "", stderr)
         return write
+
+    @property
+    def conflicts(self) -> int:
+        """The PUTs refused with 409 (each tried again from a new GET)."""
+        return sum(1 for w in self.writes if not w.ok and "Conflict" in w.stderr)
 
     def can_i(self, verb: str, resource: str, *, subresource: str = "") -> bool:
         """``kubectl auth can-i`` for the HPA's account in this namespace."""

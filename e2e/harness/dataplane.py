@@ -15,6 +15,9 @@ Traefik's metrics carry `entrypoint` and `service` labels (a Gateway API backend
 `<namespace>-<service>-http-<port>@kubernetesgateway`, an Ingress backend's
 `<namespace>-<service>-<port>@kubernetes` with the port as the Ingress names it), with latency histograms
 (`traefik_service_request_duration_seconds`) on the buckets below.
+
+`answering_app()` writes a Deployment of pods that answer and its Service; `routed_app()` applies one behind
+an HTTPRoute on the Gateway and returns once Traefik answers from every pod.
 """
 
 from __future__ import annotations

@@ -159,8 +159,8 @@ def first_write_after(
 
 
 def _touches_requests(body: Any) -> bool:
-    """Whether a write's body sets or removes a request annotation: a merge patch or a whole object naming
-    one under metadata.annotations, or a JSON patch whose path reaches one (or replaces them all)."""
+    """Whether a patch sets or removes a request annotation: a merge patch naming one under
+    metadata.annotations (null removes it), or a JSON patch whose path reaches one (or all of them)."""
     if isinstance(body, dict):
         annotations = (body.get("metadata") or {}).get("annotations")
         return isinstance(annotations, dict) and any(k in annotations for k in REQUEST_ANNOTATIONS)
@@ -174,11 +174,15 @@ def _touches_requests(body: Any) -> bool:
 
 
 def request_annotation_writes(cluster: LocalCluster, namespace: str, since: datetime) -> list[str]:
-    """The controller's writes of a GreyRelease (not its status) since ``since`` that set or remove a request
-    annotation, one line each; follow mode makes none."""
+    """The controller's patches of a GreyRelease (not of its status) since ``since`` that set or remove a
+    request annotation, one line each; follow mode makes none. (The controller patches its releases; it never
+    replaces one whole.)"""
     found: list[Write] = [
         w
         for w in audited_writes(cluster, namespace=namespace, agents=CONTROLLER_AGENTS, since=since)
-        if w.resource == "greyreleases" and w.subresource != "status" and _touches_requests(w.body)
+        if w.resource == "greyreleases"
+        and w.subresource != "status"
+        and w.verb == "patch"
+        and _touches_requests(w.body)
     ]
     return [f"{w} {json.dumps(w.body)[:300]}" for w in found]

@@ -22,4 +22,7 @@ and what the tests, the demo and bench/ drive on it:
 - gitops: a directory of manifests applied as Argo CD or Flux apply it, re-applied in a loop (selfHeal),
   with their drift check
 - hpa: the HorizontalPodAutoscaler's writes, through the scale subresource under its service account
+- follow: follow mode as a GitOps user drives it: the app's manifests, the controller with its webhook, kubectl gr
+- observe: objects read in-process while a test waits, a release's Events in order, the audit log's times
+- receivers: notification receivers (HTTP servers on 127.0.0.1) and the Secrets holding their URLs
 """

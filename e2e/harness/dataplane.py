@@ -15,6 +15,9 @@ Traefik's metrics carry `entrypoint` and `service` labels (a Gateway API backend
 `<namespace>-<service>-http-<port>@kubernetesgateway`, an Ingress backend's
 `<namespace>-<service>-<port>@kubernetes` with the port as the Ingress names it), with latency histograms
 (`traefik_service_request_duration_seconds`) on the buckets below.
+
+`answering_app()` writes a Deployment of pods that answer and its Service; `routed_app()` applies one behind
+an HTTPRoute on the Gateway and returns once Traefik answers from every pod.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from e2e.harness.controller import wait_for
 from e2e.harness.controlplane import LocalCluster
+from e2e.harness.load import Load
 from e2e.harness.podnet import PodNetwork
 from e2e.harness.process import HERE, Process, bin_dir, reserve_ports, wait_until
 from e2e.harness.prometheus import PrometheusStack
@@ -403,3 +408,41 @@ def serving_gate() -> dict[str, str]:
     """The readiness gate a pod template lists so its pods become Ready only once their responder listens
     (see e2e/harness/responders.py): `spec.readinessGates: [serving_gate()]`."""
     return {"conditionType": GATE}
+
+
+def routed_app(
+    cluster: LocalCluster,
+    plane: DataPlane,
+    namespace: str,
+    replicas: int,
+    image: str = "registry.example/app:v1",
+    *,
+    grace_seconds: int = 5,
+) -> str:
+    """`answering_app("web", ...)` behind an HTTPRoute `web` on the Gateway, at a host of its own; returns the
+    host once Traefik answers there from every pod."""
+    host = f"web.{namespace}.example"
+    app = answering_app("web", replicas, image, grace_seconds=grace_seconds)
+    app["items"].append(
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "web"},
+            "spec": {
+                "parentRefs": [plane.parent_ref],
+                "hostnames": [host],
+                "rules": [{"backendRefs": [{"name": "web", "port": 80}]}],
+            },
+        }
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(app))
+    cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=90s")
+
+    def all_answer() -> bool:
+        with Load(plane.gateway_url, 50, host=host, timeout=2) as probe:
+            time.sleep(0.5)
+        s = probe.summary()
+        return s.sent > 0 and not s.failed and len({r.pod for r in probe.records}) == replicas
+
+    wait_for(all_answer, 60, f"Traefik answering for {host} from {replicas} pods", interval=0.2)
+    return host

@@ -251,10 +251,21 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[KubeClient, st
         if kubeconfig or context or not sa_namespace.exists():
             raise
         k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return KubeClient(cfg), sa_namespace.read_text().strip() or "default"
+        return _client(cfg), sa_namespace.read_text().strip() or "default"
     chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
     namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
-    return KubeClient(cfg), namespace
+    return _client(cfg), namespace
+
+
+#: The plugin's User-Agent: its writes (a person's requests) are never the controller's ("greyrelease") in
+#: the API server's audit log.
+USER_AGENT = "kubectl-gr"
+
+
+def _client(cfg: Any) -> KubeClient:
+    client = KubeClient(cfg)
+    client.user_agent = USER_AGENT
+    return client
 
 
 class Cluster:

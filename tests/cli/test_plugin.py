@@ -218,6 +218,28 @@ def test_no_credentials_is_a_clear_error(
     assert "no usable Kubernetes credentials" in capsys.readouterr().err
 
 
+def test_the_plugins_requests_name_it_not_the_controller_in_the_audit_log(tmp_path: Path) -> None:
+    # The audit log tells the controller's writes by their User-Agent ("greyrelease"); a person's
+    # `kubectl gr promote` must not be counted among them.
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "shop"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    client, namespace = plugin.connect(str(kubeconfig), None)
+    assert namespace == "shop"
+    assert client.user_agent == plugin.USER_AGENT == "kubectl-gr"
+    assert not client.user_agent.startswith("greyrelease")
+
+
 def test_status_shows_the_time_left_for_an_approval_and_the_place_in_the_queue() -> None:
     waiting = {
         **PROGRESSING,

@@ -1,0 +1,165 @@
+"""Follow mode driven as a GitOps user drives it: the app as Git declares it (a Deployment without
+``spec.paused`` and a GreyRelease without ``targetVersion``, committed to the GitOps emulator's repository,
+e2e/harness/gitops.py), the controller run from a terminal with its admission webhook, and ``kubectl gr``.
+
+- :func:`git_deployment`, :func:`follow_release`: the manifests of "Git";
+- :class:`Follower`: ``greyrelease run --webhook-port P`` watching one namespace, its webhook registered on
+  127.0.0.1:P; stopped with its log printed, the namespace's GreyReleases dropped and the webhook's
+  configuration removed (the controller leaves it registered on exit, by design);
+- :func:`set_up`: the first sync, the app rolled out, the release ``Idle`` and the webhook holding a
+  template of the enrolled Deployment;
+- :func:`wait_held`: the Deployment as the webhook leaves a new template (paused, the digest annotation, no
+  ReplicaSet of it);
+- :func:`kubectl_gr`: the ``kubectl gr`` plugin, found on PATH as a user has it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from greyrelease.admission import CONFIGURATION_NAME, HELD_ANNOTATION, template_digest
+
+from e2e.harness.controller import Controller, drop_releases, gr, wait_for
+from e2e.harness.controlplane import Cluster
+from e2e.harness.dataplane import answering_app
+from e2e.harness.gitops import GitOps
+from e2e.harness.observe import Reads, first_image
+from e2e.harness.process import free_port
+
+IMAGE = "registry.example/app"
+BIN = Path(sys.executable).parent  # where `pip install -e .` put the kubectl-gr console script
+
+
+def image(tag: str) -> str:
+    return f"{IMAGE}:{tag}"
+
+
+# --- Git ---------------------------------------------------------------------------------------------------
+
+
+def git_deployment(tag: str, *, replicas: int, serving: bool = False, grace_seconds: int = 5) -> dict[str, Any]:
+    """Deployment web of ``replicas`` pods of ``tag``, without spec.paused. With ``serving``, its pods answer
+    HTTP and are Ready only once they do (the data plane's readiness gate); without, KWOK makes them Ready at
+    once. The enrolment label is left to the controller."""
+    d: dict[str, Any] = answering_app("web", replicas, image(tag), grace_seconds=grace_seconds)["items"][0]
+    if not serving:
+        del d["spec"]["template"]["spec"]["readinessGates"]
+    return d
+
+
+def follow_release(
+    batches: list[dict[str, Any]], *, annotations: dict[str, str] | None = None, deadline: int = 180, **spec: Any
+) -> dict[str, Any]:
+    """GreyRelease web following Deployment web (no targetVersion), with ``annotations`` declared in Git and
+    ``deadline`` as its progressDeadlineSeconds."""
+    body = gr("web", targetRef={"name": "web"}, batches=batches, progressDeadlineSeconds=deadline, **spec)
+    if annotations:
+        body["metadata"]["annotations"] = dict(annotations)
+    return body
+
+
+# --- the controller with its webhook --------------------------------------------------------------------
+
+
+def registered_port(cluster: Cluster) -> int | None:
+    """The port of the webhook a controller run from a terminal registered on 127.0.0.1, if any."""
+    proc = cluster.kubectl("get", "mutatingwebhookconfiguration", CONFIGURATION_NAME, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    url = json.loads(proc.stdout)["webhooks"][0]["clientConfig"].get("url", "")
+    found = re.match(r"https://127\.0\.0\.1:(\d+)/hold$", url)
+    return int(found.group(1)) if found else None
+
+
+class Follower:
+    """``greyrelease run --webhook-port P`` watching ``namespace``."""
+
+    def __init__(self, cluster: Cluster, namespace: str, log: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.port = free_port()
+        self.controller = Controller(cluster, namespace, log, extra_args=["--webhook-port", str(self.port)])
+
+    def start(self, timeout: float = 90.0) -> float:
+        """Starts it; returns once it is ready and its webhook registered (the seconds that took)."""
+        started = time.monotonic()
+        self.controller.start()
+        wait_for(
+            lambda: self.controller.ready() and registered_port(self.cluster) == self.port,
+            timeout,
+            "the controller and its webhook",
+        )
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        self.controller.stop()
+        print(f"--- controller log (last lines) ---\n{self.controller.logs()}")
+        drop_releases(self.cluster, self.namespace)
+        self.cluster.kubectl("delete", "mutatingwebhookconfiguration", CONFIGURATION_NAME, "--ignore-not-found")
+
+
+def webhook_answers(cluster: Cluster, namespace: str) -> bool:
+    """A server-side dry run of a template change of the enrolled Deployment comes back held."""
+    probe = {"spec": {"template": {"metadata": {"annotations": {"e2e/probe": str(time.time())}}}}}
+    patch = ["patch", "deployment", "web", "-n", namespace, "--type=merge", "-p", json.dumps(probe)]
+    proc = cluster.kubectl(*patch, "--dry-run=server", "-o", "json", check=False)
+    return proc.returncode == 0 and json.loads(proc.stdout)["spec"].get("paused") is True
+
+
+def set_up(cluster: Cluster, namespace: str, gitops: GitOps, reads: Reads) -> None:
+    """The first sync; then the app rolled out, the release Idle (the Deployment enrolled) and the webhook
+    holding a template of deployment/web."""
+    first = gitops.apply()
+    assert first.ok, first
+    cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=90s")
+    reads.wait_phase({"Idle"}, 60)
+    wait_for(lambda: webhook_answers(cluster, namespace), 30, "the webhook holding a template of deployment/web")
+
+
+# --- the Deployment held ------------------------------------------------------------------------------------
+
+
+def wait_held(reads: Reads, tag: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The Deployment once it holds ``tag``'s template as the webhook leaves it: paused, the annotation the
+    digest of that template, observed by the Deployment controller with no ReplicaSet of it."""
+
+    def held() -> dict[str, Any] | None:
+        d = reads.deployment()
+        if d is None or first_image(d) != image(tag):
+            return None
+        seen = (d.get("status") or {}).get("observedGeneration") == d["metadata"]["generation"]
+        return d if seen else None
+
+    d = reads.wait(held, timeout, f"deployment/web holding {tag}, observed")
+    assert d["spec"].get("paused") is True, d["spec"]
+    assert d["metadata"]["annotations"][HELD_ANNOTATION] == template_digest(d["spec"]["template"])
+    sets = reads.replicasets()
+    assert all(first_image(r["spec"]["template"]) != image(tag) for r in sets), "a ReplicaSet of the held template"
+    return d
+
+
+def running_tag(reads: Reads) -> str:
+    """The tag of the image the Deployment's pods run (its ReplicaSet with pods)."""
+    live = [r for r in reads.replicasets() if (r["spec"].get("replicas") or 0) > 0]
+    assert len(live) == 1, [r["metadata"]["name"] for r in live]
+    return first_image(live[0]["spec"]["template"]).rsplit(":", 1)[1]
+
+
+# --- kubectl gr ----------------------------------------------------------------------------------------------
+
+
+def kubectl_gr(cluster: Cluster, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``kubectl gr ARGS``, the plugin found by kubectl on PATH; fails the test when it exits non-zero."""
+    env = {**cluster.env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [cluster.kubectl_path, "gr", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    return proc

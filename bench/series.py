@@ -6,9 +6,9 @@ of its own records N releases mid-way (Progressing, batch 2 of 3 at 20 %, a batc
 ``--gates`` gates each (a ``thresholdRange`` gate and a ``compare`` gate, alternately, each checked once:
 a value, a verdict, one bound). Each release's spec and status are parsed from JSON of their own, as a
 pass parses them, so that no string is shared between releases that would not be in the controller;
-they are dropped after the release is recorded, and only what the exporter and the gauges keep counts.
-The traced total is split by where it was allocated: the exporter's record of each release (a tuple
-of its series), and what else stays (prometheus_client, the strings of the labels). Then the registry is
+they are dropped after the release is recorded, and only what the exporter keeps counts. The traced
+total is split by where it was allocated: the exporter's record of each release (a tuple of its series),
+and the rest (the strings of the labels, allocated where the release was parsed). Then the registry is
 rendered as a scrape would (``generate_latest``): its size and the best time of 5.
 
 ``make bench`` runs it at N = 1,000 (:func:`measure`, in ``bench/RESULTS.md``); figures in

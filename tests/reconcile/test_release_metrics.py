@@ -268,3 +268,22 @@ def test_the_series_stay_within_the_documented_bound() -> None:
     )
     assert len(series_of(spec, status)) == 5 + 4 * 20
     assert not any(math.isnan(v) for _, _, v in series_of(spec, status))
+
+
+def test_two_shards_in_one_process_export_their_own_releases_and_a_shard_given_up_takes_only_its_own() -> None:
+    registry = CollectorRegistry()
+    collector = ReleaseCollector(registry)
+    shard_a, shard_b = ReleaseSeries(collector), ReleaseSeries(collector)
+    status = GreyReleaseStatus.model_validate({"phase": "Progressing", "currentBatch": 2, "totalBatches": 3})
+    shard_a.record(("team-a", "web"), "1", None, status)
+    shard_b.record(("team-b", "web"), "1", None, status)
+
+    def batches() -> dict[str, float | None]:
+        return {
+            ns: registry.get_sample_value("greyrelease_release_current_batch", {"namespace": ns, "name": "web"})
+            for ns in ("team-a", "team-b")
+        }
+
+    assert batches() == {"team-a": 2, "team-b": 2}
+    shard_a.close()
+    assert batches() == {"team-a": None, "team-b": 2}

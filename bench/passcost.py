@@ -1,12 +1,12 @@
 """The CPU of one idle reconcile pass: a release waiting in a batch's pause, passed over again and again.
 
 No cluster: the release, its Deployment and Service on the in-memory API server
-(:class:`~greyrelease.kube.memory.MemoryKube`), driven by the real :class:`Reconciler` until its batch 2 is
-live and paused for an hour, then ``--passes`` more passes inside that pause (each a few milliseconds of
-the release's clock after the last), timed with ``time.process_time``; the best of ``--rounds`` rounds,
-in microseconds per pass (20 rounds of 500 by default: on a busy machine, the best of many short rounds
-varies less than that of a few long ones). Every timed pass must write nothing: a round that writes is
-an error.
+(:class:`~greyrelease.kube.memory.MemoryKube`), driven by the real :class:`Reconciler` (exporting the
+per-release series, as the controller's does) until its batch 2 is live and paused for an hour, then
+``--passes`` more passes inside that pause (each a few milliseconds of the release's clock after the
+last), timed with ``time.process_time``; the best of ``--rounds`` rounds, in microseconds per pass (20
+rounds of 500 by default: on a busy machine, the best of many short rounds varies less than that of a
+few long ones). Every timed pass must write nothing: a round that writes is an error.
 
 Scenarios: ``pinned``, a release to ``targetVersion`` v2 in three batches (1, 2 paused 1 h, 4 replicas of
 4); ``follow``, a follow-mode release of a template a GitOps sync applied to a Deployment the admission
@@ -37,6 +37,7 @@ from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import path
 from greyrelease.reconcile.reconciler import Reconciler
+from greyrelease.reconcile.release_metrics import ReleaseSeries
 
 NS = "shop"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -146,7 +147,8 @@ def paused(scenario: str) -> tuple[MemoryKube, Reconciler, datetime]:
     way), a reconciler for it, and the release's clock then."""
     build, batch = SCENARIOS[scenario]
     kube, roll_out = build()
-    reconciler, now = Reconciler(kube), T0 + timedelta(minutes=1)
+    # With the per-release series the controller exports (greyrelease.runtime.controller.Runtime).
+    reconciler, now = Reconciler(kube, series=ReleaseSeries()), T0 + timedelta(minutes=1)
     for _ in range(40):
         reconciler.reconcile(NS, "web", now=now)
         status = _status(kube)

@@ -12,7 +12,9 @@ promotion). Measured:
 - API requests per release by verb, from the API server's own ``apiserver_request_total`` (resources the
   controller uses; the API server's metrics are per resource, not per client, so the setup's own writes
   are subtracted and the rest of the control plane does not write those resources);
-- API writes while idle, over 60 s after every release finished.
+- API writes while idle, over 60 s after every release finished;
+- what the per-release series on /metrics hold in memory at N = 1,000 (:mod:`bench.series`, in this
+  process: no cluster needed).
 
 Usage: python -m bench.run --sizes 100 500 1000 [--out bench/RESULTS.md]
 """
@@ -41,6 +43,8 @@ from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.process import free_port
 from greyrelease.api.release import parse_time
 from greyrelease.kube.client import KubeClient, path
+
+from bench import series as bench_series
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = os.environ.get("GREYRELEASE_BENCH_PROFILE") == "1"
@@ -573,7 +577,7 @@ def goals(results: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
+def report(results: list[dict[str, Any]], command: str, out: Path, series: dict[str, Any] | None = None) -> None:
     lines = [
         "# Benchmark results",
         "",
@@ -583,6 +587,7 @@ def report(results: list[dict[str, Any]], command: str, out: Path) -> None:
         "What the figures mean, the goals and the profile: `bench/README.md`.",
         "",
         *goals(results),
+        *(bench_series.lines(series) if series is not None else []),
     ]
     for r in results:
         lines += [
@@ -667,6 +672,9 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args()
     command = "python -m bench.run --sizes " + " ".join(map(str, args.sizes))
+    # The per-release series' memory, in this process before the cluster starts (no controller needed).
+    series = bench_series.measure(1000)
+    print(json.dumps({"series": series}), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-bench-"))
     with bench_cluster(workdir) as (cluster, kube):
         results = []
@@ -675,7 +683,7 @@ def main() -> int:
             result = run_size(cluster, kube, n, workdir)
             print(json.dumps(result), flush=True)
             results.append(result)
-            report(results, command, Path(args.out))
+            report(results, command, Path(args.out), series)
     print(f"wrote {args.out}; controller logs in {workdir}")
     return 0
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from greyrelease.api.release import Analysis, CheckVerdict, Metric, MetricStatus, Phase, parse_duration
+from greyrelease.api.release import Analysis, CheckVerdict, Compare, Metric, MetricStatus, Phase, parse_duration
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,12 @@ def _fmt(value: float | None) -> str:
     return "no data" if value is None else f"{value:.4g}"
 
 
+def compare_limit(compare: Compare, stable: float | None) -> float:
+    """The highest passing canary value against a stable value (None or NaN: no data, the floor counts)."""
+    base = compare.floor if stable is None or math.isnan(stable) else max(stable, compare.floor)
+    return base * (1 + compare.max_increase)
+
+
 def judge(metric: Metric, check: Check) -> tuple[CheckVerdict, str]:
     """The verdict of one check and why."""
     canary = check.canary
@@ -88,11 +94,7 @@ def judge(metric: Metric, check: Check) -> tuple[CheckVerdict, str]:
         stable = check.stable
         if stable is None or stable.error:
             return CheckVerdict.ERROR, f"stable query failed: {stable.error if stable else 'not run'}"
-        if stable.value is None or math.isnan(stable.value):
-            base = metric.compare.floor
-        else:
-            base = max(stable.value, metric.compare.floor)
-        limit = base * (1 + metric.compare.max_increase)
+        limit = compare_limit(metric.compare, stable.value)
         if value > limit:
             return CheckVerdict.FAIL, (
                 f"{_fmt(value)} > stable {_fmt(stable.value)} x {1 + metric.compare.max_increase:g} = {limit:.4g}"

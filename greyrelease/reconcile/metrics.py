@@ -12,6 +12,9 @@
   that were dropped unsent from a full queue (the oldest first); ``notification`` is the entry's name,
   ``other`` past the first :data:`MAX_NOTIFICATION_LABELS` names seen, so the series stay bounded
 - ``greyrelease_notification_send_duration_seconds{format}``: one notification's POSTs, retries included
+
+The per-release series (``greyrelease_release_*{namespace, name}``: phase, batch, weight, gates) are
+:mod:`greyrelease.reconcile.release_metrics`'s.
 """
 
 from __future__ import annotations

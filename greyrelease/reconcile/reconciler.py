@@ -34,6 +34,7 @@ from greyrelease.reconcile.notify import Delivery, deliveries
 from greyrelease.reconcile.observe import observe
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
+from greyrelease.reconcile.release_metrics import ReleaseSeries
 
 __all__ = ["Outcome", "Reconciler", "deployments_path", "release_path"]
 
@@ -63,11 +64,14 @@ class Reconciler:
         gates: Gates | None = None,
         governing: Governing | None = None,
         notify: Notify | None = None,
+        series: ReleaseSeries | None = None,
     ) -> None:
         self.kube = kube
         self.gates = gates if gates is not None else Gates(kube)
         self.governing = governing or Governing()
         self.notify = notify
+        #: The per-release series on /metrics, updated from the status each pass records (none: not exported).
+        self.series = series
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         #: Per release, the resourceVersion of the object last found to hold, as stored, the status the
@@ -79,6 +83,8 @@ class Reconciler:
         with self._lock_for((namespace, name)):
             release = self.kube.get(release_path(namespace, name))
             if release is None:
+                if self.series is not None:
+                    self.series.forget((namespace, name))
                 return None
             decided_at, now = time.monotonic(), now or datetime.now(UTC)
             status = GreyReleaseStatus.model_validate(release.get("status") or {})
@@ -88,6 +94,7 @@ class Reconciler:
                 plan = numbered(invalid_spec(status, err, now), status)
                 self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
                 write_status(self.kube, release, plan.status)
+                self._export(release, None, plan.status)
                 return Outcome(plan, decided_at=decided_at)
             scene = observe(self.kube, release, spec, status, self.governing)
             if due(spec, status, now):
@@ -97,6 +104,7 @@ class Reconciler:
             self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
                 self._record((namespace, name), release, status, plan.status)
+                self._export(release, spec, plan.status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
 
@@ -127,6 +135,13 @@ class Reconciler:
         elif self._read_back.get(key) != version and not write_status(self.kube, release, status):
             self._read_back[key] = version
 
+    def _export(self, release: Obj, spec: GreyReleaseSpec | None, status: GreyReleaseStatus) -> None:
+        """The release's series as ``status`` (now recorded) has them."""
+        if self.series is not None:
+            meta = release.get("metadata") or {}
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            self.series.record(key, meta.get("resourceVersion"), spec, status)
+
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """Passes over one release never overlap: a pass already running (say, in a daemon that kopf is
         stopping because the object is being deleted) finishes before the next one starts."""
@@ -137,3 +152,5 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
             self._read_back.pop((namespace, name), None)
+        if self.series is not None:
+            self.series.forget((namespace, name))

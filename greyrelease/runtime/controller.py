@@ -35,6 +35,7 @@ from greyrelease.planner.machine import aborting
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.reconciler import Outcome, Reconciler
+from greyrelease.reconcile.release_metrics import ReleaseSeries
 from greyrelease.runtime.notifier import Notifier
 from greyrelease.runtime.pool import PassPool
 
@@ -208,7 +209,9 @@ class Runtime:
         #: of the Events they create, and it sends them on a thread of its own.
         self.notifier = Notifier(self.kube) if notifications else None
         notify = self.notifier.submit if self.notifier is not None else None
-        self.reconciler = Reconciler(self.kube, governing=governing, notify=notify)
+        #: The per-release series of the releases this runtime drives (dropped by :meth:`stop`).
+        self.series = ReleaseSeries()
+        self.reconciler = Reconciler(self.kube, governing=governing, notify=notify, series=self.series)
         self.phases = phases or metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
@@ -230,6 +233,9 @@ class Runtime:
             self.notifier.start()
 
     def stop(self) -> None:
+        # The releases are no longer this runtime's (a shard handed over or lost, the lease lost, the end):
+        # another replica exports them now.
+        self.series.close()
         if self.notifier is not None:
             self.notifier.stop()
         for reflector in self._reflectors:

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from e2e.harness.controlplane import AUDIT_QUIET_USERS, LocalCluster
-from e2e.harness.reliability import WRITE_VERBS, audit_events, parse_time
+from e2e.harness.reliability import WRITE_VERBS, audit_events, dry_run, parse_time
 
 
 def write_audit_policy_with_reads(path: Path) -> Path:
@@ -48,7 +48,8 @@ def requests(
     cluster: LocalCluster, agents: tuple[str, ...], since: datetime, until: datetime | None = None
 ) -> Counter[tuple[str, str, str]]:
     """Requests by clients whose User-Agent starts with one of ``agents``, received in [since, until),
-    counted by (verb, resource[/subresource], namespace)."""
+    counted by (verb, resource[/subresource], namespace); a dry run's verb is ``dryrun <verb>`` (it
+    stores nothing: not a write)."""
     counts: Counter[tuple[str, str, str]] = Counter()
     for ev in audit_events(cluster.audit_log):
         if not (ev.get("userAgent") or "").startswith(agents):
@@ -58,7 +59,8 @@ def requests(
             continue
         ref = ev.get("objectRef") or {}
         resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        counts[(ev.get("verb", ""), resource, ref.get("namespace", ""))] += 1
+        verb = ev.get("verb", "")
+        counts[(f"dryrun {verb}" if dry_run(ev) else verb, resource, ref.get("namespace", ""))] += 1
     return counts
 
 
@@ -79,12 +81,13 @@ def split(counts: Counter[tuple[str, str, str]]) -> dict[str, Counter[str]]:
 def writes(
     cluster: LocalCluster, agents: tuple[str, ...], namespace: str, since: datetime
 ) -> list[tuple[float, str, str]]:
-    """Successful writes by clients whose User-Agent starts with one of ``agents`` in ``namespace``, received
-    from ``since`` on: (when, as a Unix time; resource[/subresource]; object name), oldest first."""
+    """Successful writes (not dry runs) by clients whose User-Agent starts with one of ``agents`` in
+    ``namespace``, received from ``since`` on: (when, as a Unix time; resource[/subresource]; object name),
+    oldest first."""
     out: list[tuple[float, str, str]] = []
     for ev in audit_events(cluster.audit_log):
         ref = ev.get("objectRef") or {}
-        if ev.get("verb") not in WRITE_VERBS or ref.get("namespace") != namespace:
+        if ev.get("verb") not in WRITE_VERBS or ref.get("namespace") != namespace or dry_run(ev):
             continue
         if not (ev.get("userAgent") or "").startswith(agents):
             continue

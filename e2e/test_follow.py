@@ -417,7 +417,7 @@ def check_controller_writes(cluster: LocalCluster, namespace: str, since: dateti
     managers = {
         r.field_manager
         for r in audited_requests(cluster, namespace, since=since)
-        if r.resource == "deployments" and r.name == "web" and r.agent.startswith(CONTROLLER_AGENTS)
+        if r.resource == "deployments" and r.name == "web" and r.agent.startswith(CONTROLLER_AGENTS) and not r.dry_run
     }
     assert managers <= {FIELD_MANAGER}, managers
     kinds = Counter("label" if is_label_write(w) else f"hold release ({w.code})" for w in writes)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from greyrelease.api.release import TRACK_LABEL
 
@@ -60,6 +61,12 @@ class Write:
         )
 
 
+def dry_run(ev: dict[str, Any]) -> bool:
+    """An audited request sent with ``dryRun`` (the controller's self-test of the hold, a GitOps tool's
+    diff): admitted and answered, stored nowhere, so not a write."""
+    return "dryRun" in parse_qs(urlsplit(ev.get("requestURI", "")).query)
+
+
 def audited_writes(
     cluster: LocalCluster,
     *,
@@ -69,11 +76,11 @@ def audited_writes(
     until: datetime | None = None,
 ) -> list[Write]:
     """Writes in the local API server's audit log, by clients whose User-Agent starts with one of
-    `agents` (all clients when empty), in `namespace`, received in [since, until)."""
+    `agents` (all clients when empty), in `namespace`, received in [since, until); dry runs are none."""
     agents = tuple(agents)
     found: list[Write] = []
     for ev in audit_events(cluster.audit_log):
-        if ev.get("verb") not in WRITE_VERBS:
+        if ev.get("verb") not in WRITE_VERBS or dry_run(ev):
             continue
         agent = ev.get("userAgent") or ""
         if agents and not agent.startswith(agents):

@@ -208,6 +208,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not 0 <= args.webhook_port <= 65535:
         print(f"error: --webhook-port {args.webhook_port}: not a port", file=sys.stderr)
         return 2
+    if args.held_selftest_seconds < 0:
+        print(
+            f"error: --held-selftest-seconds {args.held_selftest_seconds:g}: seconds between two tests, or 0 (off)",
+            file=sys.stderr,
+        )
+        return 2
     if args.shards > 1 and not args.leader_elect:
         print(
             "error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect", file=sys.stderr
@@ -248,6 +254,7 @@ async def _run(args: argparse.Namespace) -> int:
 
     from greyrelease.kube.client import KubeClient
     from greyrelease.kube.retry import ONCE
+    from greyrelease.reconcile.held import HeldSelfTest
     from greyrelease.reconcile.policies import Governing
     from greyrelease.runtime import operator  # noqa: F401 - registers the handlers
     from greyrelease.runtime.health import serve as serve_health
@@ -285,6 +292,16 @@ async def _run(args: argparse.Namespace) -> int:
             if health is not None:
                 await health.cleanup()
             raise
+    selftest: HeldSelfTest | None = None
+    tester: asyncio.Task[None] | None = None
+    if args.held_selftest_seconds:
+        # Once the webhook is served and registered: one self-test of the hold for the process, which the
+        # runtimes take part in once they drive releases (not a standby). Its calls are tried once each:
+        # the next test is the retry, and a call retried would only hide a webhook that does not answer.
+        from greyrelease.runtime.held import keep_testing
+
+        selftest = HeldSelfTest(KubeClient.from_environment(retry=ONCE), every=args.held_selftest_seconds)
+        tester = asyncio.create_task(keep_testing(selftest))
     if args.shards > 1:
         from greyrelease.runtime.sharded import run_sharded
 
@@ -296,8 +313,11 @@ async def _run(args: argparse.Namespace) -> int:
                 lease_namespace=lease_ns,
                 lease_seconds=args.lease_seconds,
                 state=state,
+                selftest=selftest,
             )
         finally:
+            if tester is not None:
+                tester.cancel()
             if webhook is not None:
                 await webhook.stop()
             if health is not None:
@@ -331,9 +351,11 @@ async def _run(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=True,
             stop_flag=lost,
-            memo=kopf.Memo(namespaces=namespaces, governing=governing, state=state),
+            memo=kopf.Memo(namespaces=namespaces, governing=governing, state=state, held=selftest),
         )
     finally:
+        if tester is not None:
+            tester.cancel()
         if lease is not None:
             keeper.cancel()
             if not lost.is_set():
@@ -406,6 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the Service in front of the webhook, in the controller's namespace (the install: "
         "greyrelease-webhook): a CA and a certificate for it are kept in the Secret NAME-tls, made by the first "
         "replica, and the CA in the caBundle of greyrelease-hold",
+    )
+    run.add_argument(
+        "--held-selftest-seconds",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="test every S seconds (300 by default) whether the API server holds a new pod template of an "
+        "enrolled Deployment (a server-side dry run), as well as at start and before a follow-mode release "
+        "starts when the last test is older; shown as the Held condition of follow-mode releases. 0: no test "
+        "and no Held condition",
     )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

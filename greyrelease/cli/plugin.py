@@ -129,7 +129,8 @@ def _images(items: Any) -> str:
 
 
 def _follow_lines(spec: Obj, st: Obj, now: datetime) -> list[str]:
-    """Follow mode (no targetVersion): the template held, the ReplicaSet serving as the stable, and how
+    """Follow mode (no targetVersion): the template held, the ReplicaSet serving as the stable, whether the
+    API server holds new templates (the Held condition, the controller's self-test of the hold) and how
     the last release ended. Nothing in pinned mode."""
     if spec.get("targetVersion"):
         return []
@@ -143,6 +144,14 @@ def _follow_lines(spec: Obj, st: Obj, now: datetime) -> list[str]:
         )
     if stable:
         lines.append(f"Stable:      {stable.get('name', '?')} ({_images(stable.get('images'))})")
+    hold = next((c for c in st.get("conditions") or [] if c.get("type") == "Held"), None)
+    if hold:
+        since = age(hold.get("lastTransitionTime"), now)
+        lines.append(
+            f"Hold test:   Held={hold.get('status', '?')} ({hold.get('reason') or '-'})"
+            + (f" for {since}" if since != "-" else "")
+            + (f": {hold['message']}" if hold.get("message") else "")
+        )
     if last:
         ended = age(last.get("endedAt"), now)
         lines.append(

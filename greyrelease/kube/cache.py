@@ -119,6 +119,19 @@ class Store:
             found = [o for k, (_, o) in sorted(self._objects.items()) if namespace is None or k[0] == namespace]
         return [_copy(o) for o in found]
 
+    def first(self, match: Callable[[Obj], bool], *, containing: bytes = b"") -> Obj | None:
+        """A copy of the first body held, in key order, that ``match`` accepts; None when none does. In a
+        packed store, only the bodies whose JSON contains ``containing`` are parsed and tried."""
+        with self._lock:
+            found = [o for _, (_, o) in sorted(self._objects.items())]
+        for body in found:
+            if isinstance(body, bytes) and containing not in body:
+                continue
+            obj = _copy(body)
+            if match(obj):
+                return obj
+        return None
+
     def fold(self, obj: Obj) -> bool:
         """Keep ``obj`` (an event's object or a write's response) unless a newer body or deletion is known.
         True when kept."""
@@ -429,7 +442,19 @@ class CachedKube:
         self._fold(ref.named(str((out.get("metadata") or {}).get("name", ""))), out)
         return out
 
-    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
+    def patch(
+        self,
+        ref: Ref,
+        body: PatchBody,
+        *,
+        patch_type: str = MERGE,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        if dry_run:
+            # Nothing is stored: the answer is not folded in (no pass may see what was only tried), and a
+            # replica may send it whatever it holds.
+            return self.inner.patch(ref, body, patch_type=patch_type, field_manager=field_manager, dry_run=True)
         try:
             with self._writing("PATCH", ref):
                 out = self.inner.patch(ref, body, patch_type=patch_type, field_manager=field_manager)

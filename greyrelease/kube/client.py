@@ -219,10 +219,18 @@ class KubeClient:
         return self.request("POST", ref, body=body)
 
     def patch(
-        self, ref: Ref | str, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None
+        self,
+        ref: Ref | str,
+        body: PatchBody,
+        *,
+        patch_type: str = MERGE,
+        field_manager: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        query = {"fieldManager": field_manager} if field_manager else None
-        return self.request("PATCH", ref, body=body, query=query, content_type=patch_type)
+        query = {"fieldManager": field_manager} if field_manager else {}
+        if dry_run:
+            query["dryRun"] = "All"
+        return self.request("PATCH", ref, body=body, query=query or None, content_type=patch_type)
 
     def replace(self, ref: Ref | str, body: Obj) -> dict[str, Any]:
         return self.request("PUT", ref, body=body)

@@ -211,11 +211,19 @@ class MemoryKube:
     that write; ``managers`` logs every PATCH as ``(ref, patch type, field manager)``. ``before``, when set,
     is called with the verb and reference before each call is served and may raise (an error from the
     API server, or a crash of the controller at that point). ``admit``, when set, is given every object
-    about to be stored and returns what to store (the defaults a real API server or a CRD fills in).
-    :meth:`put` stores an object as another client would (status included).
+    about to be stored and returns what to store (the defaults a real API server or a CRD fills in, or a
+    mutating webhook's answer); an :class:`~greyrelease.kube.protocol.ApiError` it raises is the answer
+    (a webhook the API server could not call). :meth:`put` stores an object as another client would
+    (status included).
+
+    A PATCH with ``dry_run`` is served as the API server serves ``dryRun=All``: patched and admitted as a
+    real one (``admit`` included), answered with the object it would store, and nothing stored. It is
+    logged as :attr:`DRY_RUN`, not as a write.
     """
 
     WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+    #: The verb a dry-run PATCH is logged with in ``requests`` (a dry run writes nothing).
+    DRY_RUN = "PATCH dryRun"
 
     def __init__(self, *objects: Obj) -> None:
         self._lock = threading.RLock()
@@ -320,13 +328,21 @@ class MemoryKube:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
             return self._store(target, new)
 
-    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
-        self._serve("PATCH", ref)
+    def patch(
+        self,
+        ref: Ref,
+        body: PatchBody,
+        *,
+        patch_type: str = MERGE,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        self._serve(self.DRY_RUN if dry_run else "PATCH", ref)
         with self._lock:
             self.managers.append((ref, patch_type, field_manager))
             held = self._held(ref)
             if isinstance(body, list) or patch_type == JSON_PATCH:
-                return self._json_patch(ref, held, body)
+                return self._json_patch(ref, held, body, dry_run=dry_run)
             apply = strategic_merge_patch if patch_type == STRATEGIC else merge_patch
             self._precondition(held, body)
             if ref.subresource == "status":
@@ -337,9 +353,9 @@ class MemoryKube:
                     new.pop("status")
             else:
                 new = apply(held, {k: v for k, v in body.items() if k != "status"})
-            return self._write(ref, held, new)
+            return self._write(ref, held, new, dry_run=dry_run)
 
-    def _json_patch(self, ref: Ref, held: Obj, body: PatchBody) -> Obj:
+    def _json_patch(self, ref: Ref, held: Obj, body: PatchBody, *, dry_run: bool = False) -> Obj:
         """A JSON patch: applied to the object as stored (its status only, for the status subresource)."""
         if not isinstance(body, list):
             raise ApiError(400, "BadRequest", "a JSON patch is a list of operations")
@@ -357,7 +373,7 @@ class MemoryKube:
             new = {k: v for k, v in patched.items() if k != "status"}
             if "status" in held:
                 new["status"] = copy.deepcopy(held["status"])
-        return self._write(ref, held, new)
+        return self._write(ref, held, new, dry_run=dry_run)
 
     def replace(self, ref: Ref, body: Obj) -> Obj:
         self._serve("PUT", ref)
@@ -422,13 +438,17 @@ class MemoryKube:
         if want is not None and str(want) != held["metadata"]["resourceVersion"]:
             raise Conflict(409, "Conflict", "the object has been modified; apply your changes to the latest version")
 
-    def _write(self, ref: Ref, held: Obj, new: Obj) -> Obj:
+    def _write(self, ref: Ref, held: Obj, new: Obj, *, dry_run: bool = False) -> Obj:
+        if dry_run:
+            new = copy.deepcopy(new)  # a merge patch's result shares the maps it left alone with the object held
         meta = new.setdefault("metadata", {})
         for k in ("uid", "creationTimestamp", "deletionTimestamp", "namespace", "name"):
             if k in held["metadata"]:
                 meta[k] = held["metadata"][k]
         generation = int(held["metadata"].get("generation", 1))
         meta["generation"] = generation + (1 if new.get("spec") != held.get("spec") else 0)
+        if dry_run:
+            return self._store(ref, new, dry_run=True)
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             del self._objects[self._key(ref)]  # the last finalizer removed: the object goes
             out = copy.deepcopy(new)
@@ -436,7 +456,9 @@ class MemoryKube:
             return out
         return self._store(ref, new)
 
-    def _store(self, ref: Ref, obj: Obj) -> Obj:
+    def _store(self, ref: Ref, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """Admit ``obj`` and keep it under a new resourceVersion; with ``dry_run``, answer with what would be
+        kept (at the resourceVersion held now) and keep nothing."""
         if self.admit is not None:
             obj = self.admit(obj)
         obj = without_nulls(obj)
@@ -447,6 +469,9 @@ class MemoryKube:
         for k in ("labels", "annotations", "finalizers"):
             if k in meta and not meta[k]:
                 del meta[k]
+        if dry_run:
+            meta["resourceVersion"] = self._objects[self._key(ref)]["metadata"]["resourceVersion"]
+            return copy.deepcopy(obj)
         meta["resourceVersion"] = str(next(self._versions))
         self._objects[self._key(ref)] = obj
         return copy.deepcopy(obj)

@@ -126,11 +126,22 @@ class Kube(Protocol):
         """POST ``body`` to the collection ``ref``; :class:`Conflict` when the name is taken."""
         ...
 
-    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
+    def patch(
+        self,
+        ref: Ref,
+        body: PatchBody,
+        *,
+        patch_type: str = MERGE,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
         """A merge, strategic merge or JSON patch (``patch_type``); in the first two a
         ``metadata.resourceVersion`` is a precondition, in a JSON patch a ``test`` operation is. With
         ``field_manager``, sent as the ``fieldManager`` query parameter: the API server records the fields
-        under that manager, and admission webhooks see it in the request's options."""
+        under that manager, and admission webhooks see it in the request's options. With ``dry_run``, sent
+        as ``dryRun=All``: the API server runs admission (the mutating webhooks too, which see the request's
+        ``dryRun``) and validation, and answers with the object as it would have stored it, storing nothing
+        (no new resourceVersion, no watch event)."""
         ...
 
     def replace(self, ref: Ref, body: Obj) -> Obj:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from greyrelease.analysis.verdicts import Check
 from greyrelease.planner.actions import (
@@ -144,6 +144,22 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class HeldCheck:
+    """Follow mode: the last result of the hold's self-test (a dry-run template change of an enrolled
+    Deployment, see :mod:`greyrelease.admission.probe`), shared by every release the process drives and
+    shown as their ``Held`` condition. ``status`` is ``True``, ``False`` or ``Unknown``, or None while the
+    process has not tested yet (the condition recorded stays as it is)."""
+
+    status: Literal["True", "False", "Unknown"] | None
+    reason: str = ""
+    message: str = ""
+
+
+#: The process has not tested the hold yet.
+UNTESTED = HeldCheck(None)
+
+
+@dataclass(frozen=True)
 class Observed:
     """The world as the adapters read it for one reconcile."""
 
@@ -164,6 +180,8 @@ class Observed:
     queue: Queue | None = None  # the concurrency limit it is under, if any
     predecessors: tuple[Predecessor, ...] = ()  # the releases of spec.after, as found
     cycle: tuple[str, ...] = ()  # a cycle of spec.after through this release (a, b, a), if any
+    #: Follow mode: the hold's self-test, when the process runs it (None: no Held condition).
+    held_check: HeldCheck | None = None
 
     @property
     def target(self) -> Workload | None:

@@ -29,7 +29,7 @@ from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import Action, EnsureCanary, Event, Plan, PrepareRouting, Regarding, SetWeight
 from greyrelease.planner.batches import Step, expand
 from greyrelease.planner.images import label_value, target_image
-from greyrelease.planner.observed import Images, Observed, Workload, project
+from greyrelease.planner.observed import HeldCheck, Images, Observed, Workload, project
 
 #: How long to wait for a change before looking again while something converges. Deployment watch
 #: events wake the release sooner; this is only the safety net.
@@ -232,7 +232,7 @@ class Pass:
         # "What an idle pass repeats").
         if st.observed_generation != generation or st.batch != batch:
             st = st.model_copy(update={"observed_generation": generation, "batch": batch})
-        conditions = _conditions(st, self.now)
+        conditions = _conditions(st, self.now, self._world.held_check if self.follow else None)
         if len(conditions) != len(st.conditions) or any(
             a is not b for a, b in zip(conditions, st.conditions, strict=True)
         ):
@@ -299,7 +299,9 @@ RECONCILING_PHASES = frozenset(
 STALLED_PHASES = frozenset({Phase.ABORTED, Phase.FAILED, Phase.INVALID_SPEC})
 
 
-def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
+def _conditions(status: GreyReleaseStatus, now: datetime, held: HeldCheck | None = None) -> list[Condition]:
+    """The conditions of the phase, and in follow mode ``Held`` (the hold's self-test, ``held``): each
+    copied only when it changes, its lastTransitionTime only when its status does."""
     phase = status.phase
     reason = phase.value if phase else ""
     wanted: list[tuple[str, bool]] = [
@@ -325,4 +327,22 @@ def _conditions(status: GreyReleaseStatus, now: datetime) -> list[Condition]:
             out.append(prev if same else prev.model_copy(update={"reason": reason, "message": message}))
         else:
             out.append(Condition(type=ctype, status=value, reason=reason, message=message, last_transition_time=now))
+    if held is not None:
+        prev = old.get(R.COND_HELD)
+        if held.status is None:  # not tested yet by this process: what the status says stays
+            if prev is not None:
+                out.append(prev)
+        elif prev is not None and prev.status == held.status:
+            same = prev.reason == held.reason and prev.message == held.message
+            out.append(prev if same else prev.model_copy(update={"reason": held.reason, "message": held.message}))
+        else:
+            out.append(
+                Condition(
+                    type=R.COND_HELD,
+                    status=held.status,
+                    reason=held.reason,
+                    message=held.message,
+                    last_transition_time=now,
+                )
+            )
     return out

@@ -52,3 +52,6 @@ COND_HEALTHY = "Healthy"
 COND_READY = "Ready"
 COND_RECONCILING = "Reconciling"
 COND_STALLED = "Stalled"
+# Follow mode: whether the API server would hold a new template (the self-test of the hold, one per
+# controller process; its reasons are greyrelease.reconcile.held's)
+COND_HELD = "Held"

@@ -35,6 +35,7 @@ from greyrelease.planner.follow import pending
 from greyrelease.planner.machine import Observed, Workload
 from greyrelease.planner.observed import ReplicaSet
 from greyrelease.reconcile.deployments import Deployments, deployments_path
+from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing, observe_governance
 from greyrelease.routers import Router, router_for
 
@@ -107,11 +108,24 @@ def _going_live(status: GreyReleaseStatus, canary: Obj | None) -> bool:
     )
 
 
+def _starting(status: GreyReleaseStatus, target: Workload) -> bool:
+    """Follow mode, a template held that differs from what runs: this release is about to start its
+    release (it sees the template for the first time, or waits to start it)."""
+    return status.held is None or status.held.digest != target.digest or status.phase in (Phase.WAITING, Phase.QUEUED)
+
+
 def observe(
-    kube: Kube, release: Obj, spec: GreyReleaseSpec, status: GreyReleaseStatus, governing: Governing | None = None
+    kube: Kube,
+    release: Obj,
+    spec: GreyReleaseSpec,
+    status: GreyReleaseStatus,
+    governing: Governing | None = None,
+    selftest: HeldSelfTest | None = None,
 ) -> Scene:
     """Read the release's Deployments (and, once, the stable ReplicaSet's hash) and ask the router
-    whether it can work with what it finds, before the release has started only."""
+    whether it can work with what it finds, before the release has started only. In follow mode, the
+    result of the process's ``selftest`` of the hold (tested first when this release is about to start
+    the release of a held template: :meth:`~greyrelease.reconcile.held.HeldSelfTest.check`)."""
     meta = release["metadata"]
     namespace = meta["namespace"]
     targets = _targets(kube, namespace, spec)
@@ -133,6 +147,13 @@ def observe(
     )
     held = spec.follows and len(candidates) == 1 and pending(candidates[0])
     governance = observe_governance(kube, release, spec, status, annotations, governing or Governing(), pending=held)
+    held_check = None
+    if selftest is not None and spec.follows:
+        one = candidates[0] if len(candidates) == 1 else None
+        held_check = selftest.check(
+            starting=held and one is not None and _starting(status, one),
+            enrolled=one is not None and bool(one.enrolled),
+        )
     observed = Observed(
         candidates=candidates,
         canary=workload_of(canary, spec.container) if canary is not None else None,
@@ -148,6 +169,7 @@ def observe(
         queue=governance.queue,
         predecessors=governance.predecessors,
         cycle=governance.cycle,
+        held_check=held_check,
     )
     container = None if spec.follows else spec.container
     deployments = Deployments(kube, release=release, container=container, target=target, canary=canary)

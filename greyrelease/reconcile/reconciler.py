@@ -30,6 +30,7 @@ from greyrelease.planner.machine import decide
 from greyrelease.reconcile.deployments import deployments_path
 from greyrelease.reconcile.execute import execute
 from greyrelease.reconcile.gates import Gates, due
+from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.notify import Delivery, deliveries
 from greyrelease.reconcile.observe import observe
 from greyrelease.reconcile.policies import Governing
@@ -65,8 +66,11 @@ class Reconciler:
         governing: Governing | None = None,
         notify: Notify | None = None,
         series: ReleaseSeries | None = None,
+        held: HeldSelfTest | None = None,
     ) -> None:
         self.kube = kube
+        #: The process's self-test of the hold, shown by follow-mode releases as their Held condition.
+        self.held = held
         self.gates = gates if gates is not None else Gates(kube)
         self.governing = governing or Governing()
         self.notify = notify
@@ -96,7 +100,7 @@ class Reconciler:
                 write_status(self.kube, release, plan.status)
                 self._export(release, None, plan.status)
                 return Outcome(plan, decided_at=decided_at)
-            scene = observe(self.kube, release, spec, status, self.governing)
+            scene = observe(self.kube, release, spec, status, self.governing, self.held)
             if due(spec, status, now):
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
             plan = numbered(decide(spec, status, scene.observed, now), status)

@@ -18,12 +18,15 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from greyrelease.admission.probe import would_hold
 from greyrelease.api.release import (
     ANNOTATION_PREFIX,
     GROUP,
     PLURAL,
     POLICY_PLURAL,
+    RELEASE_LABEL,
     TERMINAL_PHASES,
+    TRACK_LABEL,
     VERSION,
     BatchState,
     Obj,
@@ -33,6 +36,7 @@ from greyrelease.kube.cache import CachedKube, Reflector, Store, Watchable, wait
 from greyrelease.kube.protocol import Kube, path
 from greyrelease.planner.machine import aborting
 from greyrelease.reconcile import metrics
+from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.reconciler import Outcome, Reconciler
 from greyrelease.reconcile.release_metrics import ReleaseSeries
@@ -97,6 +101,9 @@ class Registry:
         #: before each pass: that copy can still show the phase from before the abort's own status write,
         #: which would make the pass after it (restoring capacity) hold routine passes back too.
         self.aborting: set[Key] = set()
+        #: The releases in follow mode (as their last pass found them): a change of the hold's self-test
+        #: wakes them, so that their Held condition says it.
+        self.following: set[Key] = set()
 
     def event_for(self, key: Key) -> asyncio.Event:
         return self.wake.setdefault(key, asyncio.Event())
@@ -125,6 +132,7 @@ class Registry:
         self.last_seen.pop(key, None)
         self.held_back.pop(key, None)
         self.phase_seen.pop(key, None)
+        self.following.discard(key)
         self.urgent.discard(key)
         self.aborting.discard(key)
         handle = self.pending.pop(key, None)
@@ -194,6 +202,7 @@ class Runtime:
         phases: metrics.Phases | None = None,
         shard: Shard | None = None,
         notifications: bool = False,
+        held: HeldSelfTest | None = None,
     ) -> None:
         self.tuning = tuning or Tuning()
         self.shard = shard
@@ -211,7 +220,10 @@ class Runtime:
         notify = self.notifier.submit if self.notifier is not None else None
         #: The per-release series of the releases this runtime drives (dropped by :meth:`stop`).
         self.series = ReleaseSeries()
-        self.reconciler = Reconciler(self.kube, governing=governing, notify=notify, series=self.series)
+        #: The process's self-test of the hold (shared with its other runtimes), when it runs one.
+        self.held = held
+        self.reconciler = Reconciler(self.kube, governing=governing, notify=notify, series=self.series, held=held)
+        self._held_listener: Callable[[], None] | None = None
         self.phases = phases or metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
@@ -232,10 +244,43 @@ class Runtime:
         if self.notifier is not None:
             self.notifier.start()
 
+    async def start_held_selftest(self) -> None:
+        """Take part in the process's self-test of the hold, once the Deployments are listed: it looks for
+        an enrolled Deployment in this runtime's, and a change of its result wakes this runtime's
+        follow-mode releases. Tests once first when the process has not yet: before the releases' first
+        passes, which then show the result rather than be woken for it."""
+        if self.held is None or self._held_listener is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed() -> None:  # on the testing thread
+            loop.call_soon_threadsafe(self.wake_following)
+
+        self._held_listener = changed
+        self.held.attach(self.enrolled_deployment, changed)
+        if self.held.age() is None:
+            await asyncio.to_thread(self.held.run)
+
+    def enrolled_deployment(self) -> Obj | None:
+        """The first Deployment a new template of which the webhook would hold (the self-test's), from
+        memory once the Deployments are watched, else listed."""
+        if self._reflectors:
+            return self.deployments.first(would_hold, containing=RELEASE_LABEL.encode())
+        listed = self.kube.list(path("apps", "v1", "deployments"), label_selector=f"{RELEASE_LABEL},!{TRACK_LABEL}")
+        return next((d for d in listed if would_hold(d)), None)
+
+    def wake_following(self) -> None:
+        """Wake every follow-mode release (the hold's self-test changed its result). On the event loop."""
+        for key in list(self.registry.following):
+            self.registry.poke(key)
+
     def stop(self) -> None:
         # The releases are no longer this runtime's (a shard handed over or lost, the lease lost, the end):
         # another replica exports them now.
         self.series.close()
+        if self.held is not None and self._held_listener is not None:
+            self.held.detach(self.enrolled_deployment, self._held_listener)
+            self._held_listener = None
         if self.notifier is not None:
             self.notifier.stop()
         for reflector in self._reflectors:
@@ -298,6 +343,10 @@ class Runtime:
                 if outcome is None:
                     return
                 self.registry.watch(key, outcome.watched, waiting=waiting(outcome))
+                if outcome.follows:
+                    self.registry.following.add(key)
+                else:
+                    self.registry.following.discard(key)
                 phase = outcome.plan.status.phase
                 if phase in (Phase.WAITING, Phase.QUEUED):
                     self.registry.held_back[key] = phase
@@ -317,6 +366,7 @@ class Runtime:
                     await sleep(wake, timeout)
         finally:
             self.registry.unwatch(key)
+            self.registry.following.discard(key)
 
     async def _pass(self, key: Key) -> Outcome | None:
         self.registry.event_for(key).clear()

@@ -34,6 +34,7 @@ import kopf
 from greyrelease.api.release import GROUP, PLURAL, VERSION, Obj
 from greyrelease.kube.client import KubeClient
 from greyrelease.reconcile import metrics
+from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
 from greyrelease.runtime import collector
 from greyrelease.runtime.controller import Runtime, Shard, Tuning
@@ -91,7 +92,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         api = KubeClient.from_environment(connections=tuning.threads + 64)
         if isinstance(memo.get("user_agent"), str):
             api.user_agent = memo["user_agent"]
-        governing, phases = memo.get("governing"), memo.get("phases")
+        governing, phases, held = memo.get("governing"), memo.get("phases"), memo.get("held")
         memo["runtime"] = rt = Runtime(
             api,
             tuning=tuning,
@@ -99,10 +100,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
             phases=phases if isinstance(phases, metrics.Phases) else None,
             shard=shard if isinstance(shard, Shard) else None,
             notifications=True,
+            held=held if isinstance(held, HeldSelfTest) else None,
         )
         rt.pool  # noqa: B018 - the threads start now, not on the first pass
         rt.start_notifier()
         await rt.watch(api, list(memo.get("namespaces") or []))
+        await rt.start_held_selftest()  # the process's self-test of the hold, tested once before the first passes
         collector.settle()  # what the process holds once started is not walked by collections again
     state = memo.get("state")
     if isinstance(state, dict):

@@ -20,6 +20,7 @@ from greyrelease.kube.client import KubeClient
 from greyrelease.kube.protocol import ApiError, path
 from greyrelease.kube.retry import ONCE
 from greyrelease.reconcile import metrics
+from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
 from greyrelease.runtime.controller import Shard
 from greyrelease.runtime.leader import identity
@@ -57,9 +58,11 @@ async def run_sharded(
     lease_namespace: str,
     lease_seconds: int,
     state: dict[str, str],
+    selftest: HeldSelfTest | None = None,
 ) -> int:
     """Hold a share of ``n`` shards until SIGTERM or SIGINT; 0 on a clean stop, 2 when the API server cannot
-    shard, 1 when a shard's operator failed."""
+    shard, 1 when a shard's operator failed. ``selftest``, the process's self-test of the hold, is every
+    shard's runtime's."""
     # The Leases' calls are not retried inside an attempt: the next renewal is the retry (retry.ONCE).
     api = KubeClient.from_environment(retry=ONCE)
     me = identity()
@@ -85,6 +88,7 @@ async def run_sharded(
             user_agent=api.user_agent,
             shard=Shard(selector([k], n), held.writable),
             state=state,
+            held=selftest,
         )
         try:
             await kopf.operator(

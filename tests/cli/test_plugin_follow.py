@@ -1,5 +1,5 @@
 """`kubectl gr status` of a release in follow mode: what the Deployment holds, what serves as the stable,
-and how the last release ended."""
+whether the API server holds new templates (the self-test's Held condition) and how the last release ended."""
 
 from __future__ import annotations
 
@@ -48,6 +48,22 @@ def test_nothing_held_shows_only_the_mode_and_pinned_mode_shows_none_of_it() -> 
     assert lines(idle, "Mode") and not lines(idle, "Held") and not lines(idle, "Last")
     pinned = render_status(followed({"phase": "Progressing", "held": {"digest": "x"}}, targetVersion="v2"), [], NOW)
     assert not lines(pinned, "Mode") and not lines(pinned, "Held")
+
+
+def test_the_self_test_of_the_hold_is_shown_as_its_condition_says() -> None:
+    refused = {
+        "type": "Held",
+        "status": "False",
+        "reason": "WebhookRefused",
+        "message": "the API server refuses a template change of Deployment shop/web: no endpoints",
+        "lastTransitionTime": "2025-06-01T11:55:00Z",
+    }
+    text = render_status(followed({"phase": "Idle", "conditions": [refused]}), [], NOW)
+    assert lines(text, "Hold test") == [
+        "Hold test:   Held=False (WebhookRefused) for 5m0s: the API server refuses a template change of "
+        "Deployment shop/web: no endpoints"
+    ]
+    assert not lines(render_status(followed({"phase": "Idle"}), [], NOW), "Hold test")
 
 
 # --- the requests it writes ---------------------------------------------------------------------------

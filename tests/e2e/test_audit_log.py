@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from e2e.harness.reliability import audit_events
+from e2e.harness.reliability import audit_events, dry_run
 
 
 def event(n: int) -> str:
@@ -27,3 +27,13 @@ def test_reads_the_rotated_backups_oldest_first(tmp_path: Path) -> None:
 
 def test_no_log_yet(tmp_path: Path) -> None:
     assert list(audit_events(tmp_path / "audit.log")) == []
+
+
+def test_a_dry_run_is_told_by_its_query() -> None:
+    def ev(uri: str) -> dict[str, str]:
+        return {"verb": "patch", "requestURI": uri}
+
+    assert dry_run(ev("/apis/apps/v1/namespaces/shop/deployments/web?dryRun=All"))
+    assert dry_run(ev("/apis/apps/v1/namespaces/shop/deployments/web?fieldManager=kubectl&dryRun=All"))
+    assert not dry_run(ev("/apis/apps/v1/namespaces/shop/deployments/web?fieldManager=greyrelease"))
+    assert not dry_run({"verb": "patch"})

@@ -1,6 +1,7 @@
 """JSON patches (RFC 6902) and the field manager of a patch: applied by the in-memory API server as the real
 one applies them, and sent by the client with their content type and the ``fieldManager`` query parameter.
-The controller lifts the admission webhook's hold this way (:func:`greyrelease.admission.release_patch`)."""
+The controller lifts the admission webhook's hold this way (:func:`greyrelease.admission.release_patch`).
+A dry-run patch (``dryRun=All``, the hold's self-test) is admitted and answered, and stores nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from greyrelease.admission import FIELD_MANAGER, HELD_ANNOTATION, release_patch
 from greyrelease.api.release import Obj
-from greyrelease.kube.cache import CachedKube
+from greyrelease.kube.cache import CachedKube, Store
 from greyrelease.kube.client import KubeClient
 from greyrelease.kube.memory import MemoryKube, PatchError, json_patch
 from greyrelease.kube.protocol import JSON_PATCH, MERGE, ApiError, path
@@ -111,6 +112,47 @@ def test_the_cache_passes_the_field_manager_on_and_folds_the_answer_in() -> None
     assert inner.managers == [(WEB, MERGE, FIELD_MANAGER)]
 
 
+def test_a_dry_run_patch_is_admitted_and_answered_and_stores_nothing() -> None:
+    kube = MemoryKube(held())
+    admitted: list[Obj] = []
+
+    def admit(obj: Obj) -> Obj:  # a mutating webhook in front of the Deployments
+        admitted.append(obj)
+        return {**obj, "metadata": {**obj["metadata"], "labels": {"admitted": "yes"}}}
+
+    kube.admit = admit
+    before = kube.get(WEB)
+    answer = kube.patch(WEB, {"spec": {"template": {"metadata": {"annotations": {"n": "1"}}}}}, dry_run=True)
+    assert answer["metadata"]["labels"] == {"admitted": "yes"} and len(admitted) == 1
+    assert answer["spec"]["template"]["metadata"] == {"annotations": {"n": "1"}}
+    assert answer["metadata"]["resourceVersion"] == (before or {})["metadata"]["resourceVersion"]
+    assert kube.get(WEB) == before  # nothing stored
+    assert kube.writes == [] and (MemoryKube.DRY_RUN, WEB) in kube.requests
+    # A JSON patch too; and an admission hook that raises is the API server's answer.
+    answer = kube.patch(WEB, [{"op": "remove", "path": "/spec/paused"}], patch_type=JSON_PATCH, dry_run=True)
+    assert "paused" not in answer["spec"] and kube.get(WEB) == before
+
+    def down(obj: Obj) -> Obj:
+        raise ApiError(500, "InternalError", 'failed calling webhook "hold.deployments.greyrelease.io"')
+
+    kube.admit = down
+    with pytest.raises(ApiError, match="failed calling webhook"):
+        kube.patch(WEB, {"spec": {"replicas": 1}}, dry_run=True)
+    assert kube.get(WEB) == before and kube.writes == []
+
+
+def test_the_cache_neither_folds_a_dry_run_answer_in_nor_asks_whether_it_may_write() -> None:
+    inner = MemoryKube(held())
+    kube = CachedKube(inner, writable=lambda: False)
+    store = Store(packed=True)
+    kube.cache(path("apps", "v1", "deployments"), store)
+    kube.get(WEB)  # held in memory now
+    answer = kube.patch(WEB, {"spec": {"replicas": 9}}, dry_run=True)
+    assert answer["spec"]["replicas"] == 9
+    assert (store.get("shop", "web") or {})["spec"]["replicas"] == 3
+    assert inner.requests[-1] == (MemoryKube.DRY_RUN, WEB)
+
+
 class Recorder:
     """An HTTP server on localhost that answers every request with ``{}`` and keeps what it was sent."""
 
@@ -163,3 +205,13 @@ def test_the_client_sends_a_json_patch_with_its_content_type_and_field_manager(r
     )
     assert body == release_patch("abc")
     assert (plain, merge_type) == ("/apis/apps/v1/namespaces/shop/deployments/web", MERGE)
+
+
+def test_the_client_sends_a_dry_run_as_dry_run_all(recorder: Recorder) -> None:
+    kube = KubeClient(k8s_client.Configuration(host=recorder.url))
+    kube.patch(WEB, {"spec": {"replicas": 1}}, dry_run=True)
+    kube.patch(WEB, {"spec": {"replicas": 1}}, field_manager=FIELD_MANAGER, dry_run=True)
+    assert [sent for _, sent, _, _ in recorder.seen] == [
+        "/apis/apps/v1/namespaces/shop/deployments/web?dryRun=All",
+        "/apis/apps/v1/namespaces/shop/deployments/web?fieldManager=greyrelease&dryRun=All",
+    ]

@@ -93,13 +93,22 @@ class HeldKube(MemoryKube):
         self.decisions: list[str] = []
         self.writes_to: list[tuple[str, str, PatchBody, str | None]] = []
 
-    def patch(self, ref: Ref, body: PatchBody, *, patch_type: str = MERGE, field_manager: str | None = None) -> Obj:
+    def patch(
+        self,
+        ref: Ref,
+        body: PatchBody,
+        *,
+        patch_type: str = MERGE,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
         if ref.resource != "deployments" or ref.subresource is not None:
-            return super().patch(ref, body, patch_type=patch_type, field_manager=field_manager)
-        self.writes_to.append((ref.name or "", patch_type, copy.deepcopy(body), field_manager))
+            return super().patch(ref, body, patch_type=patch_type, field_manager=field_manager, dry_run=dry_run)
+        if not dry_run:
+            self.writes_to.append((ref.name or "", patch_type, copy.deepcopy(body), field_manager))
         self._updating = (self._stored(ref), field_manager)
         try:
-            return super().patch(ref, body, patch_type=patch_type, field_manager=field_manager)
+            return super().patch(ref, body, patch_type=patch_type, field_manager=field_manager, dry_run=dry_run)
         finally:
             self._updating = None
 

@@ -98,7 +98,7 @@ from greyrelease.api.release import (
     GreyReleaseStatus,
     Phase,
 )
-from greyrelease.planner import follow
+from greyrelease.planner import follow, hooks
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import FreeSlot, Plan
 from greyrelease.planner.batch_states import between, canary_lost, follow_size, on_pause, pause, upscale, verify
@@ -152,6 +152,7 @@ def decide(spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed,
     if observed.deleting:
         delete(p)
     else:
+        hooks.fold_answers(p)
         first = request(p)
         if first is None or first(p) is GO_ON:
             _run(p)

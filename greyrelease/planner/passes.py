@@ -279,7 +279,10 @@ def images_text(images: Images | list[ContainerImage]) -> str:
 
 
 def _waiting_for_approval(status: GreyReleaseStatus) -> bool:
-    return status.phase == Phase.PROGRESSING and status.batch_state == BatchState.WAITING_FOR_APPROVAL
+    """Waiting for ``greyrelease.io/promote``, or for a confirm webhook's yes."""
+    if status.phase != Phase.PROGRESSING:
+        return False
+    return status.batch_state == BatchState.WAITING_FOR_APPROVAL or bool(status.awaiting_confirmation)
 
 
 #: kstatus (Flux's health checks, ``kubectl wait``): Reconciling True is InProgress, Stalled True is Failed,

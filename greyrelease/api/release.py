@@ -402,6 +402,14 @@ class Webhook(_Camel):
         return self
 
 
+#: Why pre-traffic webhooks need a router that sets weights: in Service mode (and without trafficRouting) a
+#: canary pod serves as soon as it is ready, so nothing would come before its traffic.
+PRE_TRAFFIC_NEEDS_WEIGHTS = (
+    "pre-traffic webhooks need trafficRouting nginx or gatewayAPI (in Service mode, or without trafficRouting, "
+    "the canary's pods serve as soon as they are ready)"
+)
+
+
 class Analysis(_Camel):
     model_config = _with_rules(
         _cel(
@@ -702,6 +710,13 @@ class GreyReleaseSpec(_Camel):
             "has(self.batchSize) == has(self.canaryWeight)",
             "batchSize and canaryWeight go together",
         ),
+        _cel(
+            "!has(self.analysis) || !has(self.analysis.webhooks) || !self.analysis.webhooks.exists(w, w.at == "
+            "'pre-traffic') || has(self.trafficRouting) && (has(self.trafficRouting.nginx) || "
+            "has(self.trafficRouting.gatewayAPI))",
+            PRE_TRAFFIC_NEEDS_WEIGHTS,
+            ".analysis.webhooks",
+        ),
     )
     target_ref: TargetRef | None = Field(None, description="The stable Deployment to release.")
     app_name: str | None = Field(
@@ -801,6 +816,10 @@ class GreyReleaseSpec(_Camel):
             weights = [b.weight for b in self.batches if b.weight is not None]
             if weights != sorted(weights):
                 raise ValueError("batches: weights must never decrease")
+        if self.analysis is not None and self.analysis.webhooks_at("pre-traffic"):
+            routing = self.traffic_routing
+            if routing is None or (routing.nginx is None and routing.gateway_api is None):
+                raise ValueError(f"analysis.webhooks: {PRE_TRAFFIC_NEEDS_WEIGHTS}")
         return self
 
 
@@ -979,7 +998,9 @@ class WebhookStatus(_Camel):
     code: int | None = Field(None, description="The HTTP status of the last answer; absent when none came.")
     value: str | None = Field(None, description="The condition's field in the last answer, as JSON.")
     message: str = Field("", description="Why the last answer had its verdict.")
-    checked_at: Timestamp | None = Field(None, description="When it was last called.")
+    checked_at: Timestamp | None = Field(
+        None, description="When it was last called in this batch (absent once a new batch begins)."
+    )
     successes: int = Field(0, description="Passing answers (a confirm's yes) at this point of the batch.")
     failures: int = Field(0, description="Failed answers (a confirm's no) at this point of the batch.")
     consecutive_errors: int = Field(0, description="Errors in a row.")

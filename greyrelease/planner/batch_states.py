@@ -83,7 +83,7 @@ def _go_live(p: Pass, b: Batch) -> Then:
     next_check = p.now + timedelta(seconds=pause) if pause is not None else None
     manual = step.pause == MANUAL
     expires = p.now + timedelta(seconds=step.approval.timeout) if manual and step.approval else None
-    p.times(ready_at=p.now, next_check_at=next_check, approval_expires_at=expires)
+    p.times(ready_at=p.now, next_check_at=next_check, approval_expires_at=expires, checks_since=None)
     p.set(
         batch_state=BatchState.WAITING_FOR_APPROVAL if manual else BatchState.VERIFYING,
         canary_weight=step.weight,
@@ -149,7 +149,7 @@ def verify(p: Pass, b: Batch) -> Then:
             p.history(k, finished_at=p.now, result="promoted (full)")
             return start_promotion(p, n)
         return _next_batch(p, b, result="promoted")
-    ended = hooks.promotion_waits(p)
+    ended = hooks.promotion_waits(p, b)
     if ended is not None:
         return _next_batch(p, b, result=ended)  # the pre-promotion webhooks hold the last batch
 

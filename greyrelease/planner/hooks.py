@@ -88,10 +88,7 @@ def before_traffic(p: Pass, b: Batch) -> Then | None:
         p.set(message=f"{b.label}: canary ready; calling its pre-traffic webhooks before it gets traffic")
         p.again(0)
         return WAIT
-    held = _settle(p, b, PRE_TRAFFIC, since)
-    if held is None:
-        p.times(checks_since=None)
-    return held
+    return _settle(p, b, PRE_TRAFFIC, since)
 
 
 def before_promotion(p: Pass, b: Batch, result: str) -> Then | None:
@@ -111,11 +108,11 @@ def before_promotion(p: Pass, b: Batch, result: str) -> Then | None:
     return _settle(p, b, PRE_PROMOTION, since)
 
 
-def promotion_waits(p: Pass) -> str | None:
+def promotion_waits(p: Pass, b: Batch) -> str | None:
     """While the pre-promotion webhooks hold the last batch: how that batch ended (its history's result)."""
-    if p.status.batch_times.checks_since is None:
+    k = b.step.number
+    if p.status.batch_times.checks_since is None or k < len(b.steps):
         return None
-    k = p.status.current_batch
     return next((r.result for r in reversed(p.status.history) if r.batch == k and r.result), "passed")
 
 
@@ -148,6 +145,8 @@ def live_confirm(p: Pass, b: Batch) -> Then | None:
         return None
     hold = gate(analysis, p.status.webhooks, LIVE, ready, p.now)
     if hold.confirming is None:
+        if p.recorded.awaiting_confirmation and not hold.failed:
+            p.event(R.CONFIRMED, f"{b.label}: webhook {p.recorded.awaiting_confirmation} said yes")
         return None
     return _settle(p, b, LIVE, ready, hold)
 
@@ -156,22 +155,22 @@ def _settle(p: Pass, b: Batch, point: str, since: datetime, hold: Hold | None = 
     """Go on (None), wait, or roll back, by the webhooks of ``point``."""
     analysis = p.spec.analysis
     assert analysis is not None
-    for _ in analysis.webhooks:
-        hold = hold or gate(analysis, p.status.webhooks, point, since, p.now)
-        if hold.failed:
-            return roll_back(p, Phase.FAILED, R.ANALYSIS_FAILED, f"{b.label}: {hold.message}")
-        if hold.expired is None:
-            break
-        expired, hold = hold.expired, None
+    hold = hold or gate(analysis, p.status.webhooks, point, since, p.now)
+    expired_now = False
+    while not hold.failed and hold.expired is not None:
+        expired = hold.expired
         assert expired.approval is not None
         waited = f"{b.label}: no yes from webhook {expired.name} within {expired.approval.timeout} (approval.timeout)"
         if expired.approval.on_timeout == "abort":
             return roll_back(p, Phase.ABORTED, R.APPROVAL_EXPIRED, f"{waited}: aborted")
         p.event(R.APPROVAL_EXPIRED, f"{waited}: going on (onTimeout: promote)")
-        _taken_as_yes(p, expired)
-    assert hold is not None
+        _taken_as_yes(p, expired)  # so it is not expired again: the loop ends
+        expired_now = True
+        hold = gate(analysis, p.status.webhooks, point, since, p.now)
+    if hold.failed:
+        return roll_back(p, Phase.FAILED, R.ANALYSIS_FAILED, f"{b.label}: {hold.message}")
     if hold.passed:
-        if p.recorded.awaiting_confirmation:
+        if p.recorded.awaiting_confirmation and not expired_now:
             p.event(R.CONFIRMED, f"{b.label}: webhook {p.recorded.awaiting_confirmation} said yes")
         return None
     if hold.confirming is not None:
@@ -182,7 +181,7 @@ def _settle(p: Pass, b: Batch, point: str, since: datetime, hold: Hold | None = 
         p.at(upcoming)
     for webhook in analysis.webhooks_at(point):
         deadline = confirm_deadline(webhook, since) if webhook.kind == "confirm" else None
-        if deadline is not None:
+        if deadline is not None and deadline > p.now:  # one past is the yes taken, or an abort, above
             p.at(deadline)
     return WAIT
 

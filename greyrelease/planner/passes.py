@@ -24,6 +24,7 @@ from greyrelease.api.release import (
     MetricStatus,
     Outcome,
     Phase,
+    WebhookStatus,
 )
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import Action, EnsureCanary, Event, Plan, PrepareRouting, Regarding, SetWeight
@@ -211,6 +212,7 @@ class Pass:
             current_batch=number,
             batch_times=BatchTimes(started_at=self.now),
             metrics=[_fresh(m) for m in self.status.metrics],
+            webhooks=[_fresh_webhook(w) for w in self.status.webhooks],
         )
 
     def end_batch(self) -> None:
@@ -255,6 +257,14 @@ def paused(spec: GreyReleaseSpec, world: Observed) -> bool:
 def _fresh(m: MetricStatus) -> MetricStatus:
     """A metric's status for a new batch: the last values stay visible, the counts start again."""
     return m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0})
+
+
+def _fresh_webhook(w: WebhookStatus) -> WebhookStatus:
+    """A webhook's status for a new batch: its last answer stays visible; it counts as not called yet at
+    any point of the new batch (even one that begins at the same instant as its last call)."""
+    if w.checked_at is None and not (w.successes or w.failures or w.consecutive_errors):
+        return w
+    return w.model_copy(update={"checked_at": None, "successes": 0, "failures": 0, "consecutive_errors": 0})
 
 
 def started(status: GreyReleaseStatus) -> bool:

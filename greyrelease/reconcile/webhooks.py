@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
 from greyrelease.analysis.verdicts import render_query
 from greyrelease.analysis.webhooks import Answer
@@ -171,13 +172,18 @@ async def call(session: aiohttp.ClientSession, c: Call) -> Answer:
         async with asyncio.timeout(c.timeout):
             async with session.request(
                 c.method,
-                c.url,
+                URL(c.url, encoded=True),  # as rendered: its values were percent-encoded, and stay so
                 data=c.body,
                 headers=c.headers,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=c.timeout),
             ) as resp:
-                raw = await resp.content.read(MAX_ANSWER)
+                raw = b""
+                while len(raw) < MAX_ANSWER:  # a read gives what has come so far: read on to the end or the limit
+                    chunk = await resp.content.read(MAX_ANSWER - len(raw))
+                    if not chunk:
+                        break
+                    raw += chunk
                 return Answer(c.webhook, code=resp.status, body=raw.decode("utf-8", errors="replace"))
     except Exception as err:  # aiohttp's and the socket's errors, and the timeout: all an error answer
         return Answer(c.webhook, error=describe(err, c.timeout, "calling"))

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
 import pytest
 from greyrelease.api.crd import schema_of
 from greyrelease.api.release import GreyReleaseSpec
+from greyrelease.cli.main import print_plan
 from pydantic import ValidationError
 
 GATEWAY = {"gatewayAPI": {"httpRoute": "web", "stableService": "web"}}
@@ -98,3 +100,11 @@ def test_the_crd_refuses_the_same_at_kubectl_apply() -> None:
         "pre-traffic webhooks need trafficRouting nginx or gatewayAPI",
     ):
         assert words in rules, words
+
+
+def test_the_plan_names_the_webhooks_with_their_point() -> None:
+    body = spec({**HOOK, "at": "pre-traffic"}, {**HOOK, "name": "cab", "at": "pre-promotion", "kind": "confirm"})
+    out = io.StringIO()
+    assert print_plan({"spec": body}, 4, out) == 0
+    rows = out.getvalue().splitlines()[2:4]
+    assert [row.split()[-2:] for row in rows] == [["smoke@pre-traffic,", "cab@pre-promotion"]] * 2

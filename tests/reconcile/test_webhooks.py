@@ -23,9 +23,11 @@ from greyrelease.api.release import CheckVerdict, GreyReleaseSpec, GreyReleaseSt
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import path
 from greyrelease.reconcile.reconciler import Reconciler
+from greyrelease.reconcile.record import release_path
 from greyrelease.reconcile.webhooks import Webhooks
 
 from tests.support.builders import EVENTS, NS, RELEASE, T0, UID, cluster, release, roll_out, service, stable, status_of
+from tests.support.faults import Crash, refuse
 
 #: What each route answers: status, body, extra headers.
 ROUTES: dict[str, tuple[int, str, dict[str, str]]] = {
@@ -364,3 +366,25 @@ def test_a_hanging_webhook_holds_the_pass_of_its_own_release_only(endpoint: Endp
     assert api_status.get("phase") == "RollingBack" and aborting < 0.5, aborting
     assert 1.9 <= took["web"] < 3.0, took
     assert status_of(kube)["webhooks"][0]["message"] == "no answer within 2s"
+
+
+def test_a_pass_killed_before_its_status_calls_again_and_counts_once(endpoint: Endpoint) -> None:
+    check = {"name": "load", "at": "live", "url": endpoint.url("/forbidden"), "failureLimit": 3}
+    kube = cluster(analysis={"interval": "10s", "webhooks": [check]}, batches=[{"replicas": 1, "pause": "manual"}])
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(6):
+        reconciler.reconcile(NS, "web", now=now)
+        roll_out(kube)
+        now += timedelta(seconds=1)
+    assert status_of(kube)["batchState"] == "WaitingForApproval" and not status_of(kube).get("webhooks")
+    before = len(endpoint.to("/forbidden"))
+    refuse(kube, Crash, verb="PATCH", path=release_path(NS, "web", "status"), times=1)
+    with pytest.raises(Crash):  # the call made, its Event posted, the controller killed before the status
+        reconciler.reconcile(NS, "web", now=now + timedelta(seconds=10))
+    assert len(endpoint.to("/forbidden")) == before + 1 and not status_of(kube).get("webhooks")
+    reconciler.reconcile(NS, "web", now=now + timedelta(seconds=11))  # the restarted controller
+    assert len(endpoint.to("/forbidden")) == before + 2  # called again: nothing recorded the first answer
+    entry = status_of(kube)["webhooks"][0]
+    assert (entry["failures"], entry["code"], entry["verdict"]) == (1, 403, "Fail")  # counted once
+    failed = [e for e in kube.objects(EVENTS) if e["reason"] == "WebhookCheckFailed"]
+    assert len(failed) == 1  # the repeat's Event has the killed pass's name: posted once

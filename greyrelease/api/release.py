@@ -280,10 +280,181 @@ class Prometheus(_Camel):
     insecure_skip_verify: bool = Field(False, description="Do not verify Prometheus' TLS certificate.")
 
 
+#: Where in a release a webhook is called (see Webhook checks in the README).
+WEBHOOK_POINTS = ("pre-traffic", "live", "pre-promotion", "post-rollback")
+#: The longest a webhook call may take: a pass waits for its calls, and an abort of the same release waits
+#: for the pass.
+WEBHOOK_TIMEOUT_MAX = 30.0
+FIELD_PATH_PATTERN = r"^[A-Za-z0-9_$@-]+(\.[A-Za-z0-9_$@-]+)*$"
+
+
+class SecretRef(_Camel):
+    name: str = Field(
+        min_length=1, max_length=253, pattern=NAME_PATTERN, description="A Secret in the release's namespace."
+    )
+
+
+class AnswerCondition(_Camel):
+    """What a 2xx answer's JSON must hold for the check to pass: one field, equal to a value or within
+    bounds."""
+
+    model_config = _with_rules(
+        _cel(
+            "has(self.equals) != (has(self.min) || has(self.max))",
+            "a condition has equals, or min and/or max",
+        )
+    )
+    field: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=FIELD_PATH_PATTERN,
+        description="A path into the JSON answer: keys joined by dots, a number for a list's item (result.ok, "
+        "checks.0.passed).",
+    )
+    equals: str | None = Field(
+        None,
+        max_length=256,
+        description='Pass when the field equals this: "true" for true, "42" for 42 (as a number), text for text.',
+    )
+    min: float | None = Field(None, description="Pass when the field is a number at least this.")
+    max: float | None = Field(None, description="Pass when the field is a number at most this.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> AnswerCondition:
+        if (self.equals is not None) == (self.min is not None or self.max is not None):
+            raise ValueError("a condition has equals, or min and/or max")
+        return self
+
+
+class Webhook(_Camel):
+    """An HTTP call at a point of the release whose answer gates it (see Webhook checks in the README)."""
+
+    model_config = _with_rules(
+        _cel(
+            "!has(self.approval) || has(self.kind) && self.kind == 'confirm'",
+            "approval goes with kind: confirm",
+            ".approval",
+        ),
+        _cel(
+            "!(self.at == 'post-rollback' && has(self.kind) && self.kind == 'confirm')",
+            "a post-rollback webhook is informative: it cannot be a confirm",
+            ".kind",
+        ),
+        _cel(
+            "!has(self.timeout) || duration(self.timeout) <= duration('30s')",
+            "timeout must be at most 30s",
+            ".timeout",
+        ),
+    )
+    name: str = Field(
+        min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$", description="Shown in status and Events."
+    )
+    at: Literal["pre-traffic", "live", "pre-promotion", "post-rollback"] = Field(
+        description="pre-traffic: each batch's canary is ready, before it gets traffic. live: while a batch has "
+        "its traffic, every analysis interval. pre-promotion: after the last batch passed, before the stable is "
+        "promoted. post-rollback: once a rollback is done (informative: its answer changes nothing)."
+    )
+    kind: Literal["check", "confirm"] = Field(
+        "check",
+        description="check: the answer passes or fails the batch, as a metric's check does. confirm: the batch "
+        "waits (not failed) until the answer is yes.",
+    )
+    url: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="Called with the release's state as JSON. Placeholders: {{namespace}}, {{name}}, {{app}}, "
+        "{{track}}, {{version}}, {{batch}}.",
+    )
+    method: Literal["POST", "GET"] = Field("POST", description="POST sends the release's state; GET sends no body.")
+    timeout: Duration = Field("5s", description="Per call, at most 30s; no answer by then is an error.")
+    bearer_token_secret: SecretKeyRef | None = Field(None, description="Send this token as a Bearer token.")
+    headers_secret: SecretRef | None = Field(
+        None, description="Send every key of this Secret as a header of that name (an API key, a signature)."
+    )
+    condition: AnswerCondition | None = Field(
+        None, description="Judge the JSON answer too: a 2xx answer passes only when it meets this."
+    )
+    approval: Approval | None = Field(
+        None, description="kind: confirm: how long the yes is waited for, and what happens then (abort or promote)."
+    )
+    failure_limit: int = Field(0, ge=0, le=100, description="kind: check: failed answers tolerated in a batch.")
+    consecutive_error_limit: int = Field(
+        4, ge=1, le=100, description="Errors in a row (no answer, 5xx, not the JSON asked for) that fail the release."
+    )
+    successes_required: int = Field(
+        1, ge=1, le=100, description="kind: check: passing answers a batch needs to move on."
+    )
+
+    @field_validator("timeout")
+    @classmethod
+    def _bounded(cls, v: str) -> str:
+        if parse_duration(v) > WEBHOOK_TIMEOUT_MAX:
+            raise ValueError("timeout must be at most 30s")
+        return v
+
+    @model_validator(mode="after")
+    def _forms(self) -> Webhook:
+        if self.approval is not None and self.kind != "confirm":
+            raise ValueError("approval goes with kind: confirm")
+        if self.at == "post-rollback" and self.kind == "confirm":
+            raise ValueError("a post-rollback webhook is informative: it cannot be a confirm")
+        return self
+
+
+#: Why pre-traffic webhooks need a router that sets weights: in Service mode (and without trafficRouting) a
+#: canary pod serves as soon as it is ready, so nothing would come before its traffic.
+PRE_TRAFFIC_NEEDS_WEIGHTS = (
+    "pre-traffic webhooks need trafficRouting nginx or gatewayAPI (in Service mode, or without trafficRouting, "
+    "the canary's pods serve as soon as they are ready)"
+)
+
+
 class Analysis(_Camel):
-    prometheus: Prometheus = Field(description="Where the metrics are.")
-    interval: Duration = Field("10s", description="One check of every metric per interval while a batch is live.")
-    metrics: list[Metric] = Field(min_length=1, max_length=20, description="All must pass for a batch to move on.")
+    model_config = _with_rules(
+        _cel(
+            "has(self.metrics) && size(self.metrics) > 0 || has(self.webhooks) && size(self.webhooks) > 0",
+            "analysis needs metrics or webhooks",
+        ),
+        _cel(
+            "!has(self.metrics) || size(self.metrics) == 0 || has(self.prometheus)",
+            "metrics need prometheus",
+            ".prometheus",
+        ),
+    )
+    prometheus: Prometheus | None = Field(None, description="Where the metrics are (required with metrics).")
+    interval: Duration = Field(
+        "10s", description="One check of every metric (and live webhook) per interval while a batch is live."
+    )
+    metrics: list[Metric] = Field(
+        default_factory=list, max_length=20, description="All must pass for a batch to move on."
+    )
+    webhooks: list[Webhook] = Field(
+        default_factory=list,
+        max_length=20,
+        description="HTTP checks at points of the release (see Webhook checks).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.all(x, self.exists_one(y, y.name == x.name))", "webhook names must be unique")
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _gated(self) -> Analysis:
+        if not self.metrics and not self.webhooks:
+            raise ValueError("analysis needs metrics or webhooks")
+        if self.metrics and self.prometheus is None:
+            raise ValueError("metrics need prometheus")
+        names = [w.name for w in self.webhooks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"webhook names must be unique: {', '.join(twice)} more than once")
+        return self
+
+    def webhooks_at(self, point: str) -> list[Webhook]:
+        """The webhooks called at ``point`` (one of :data:`WEBHOOK_POINTS`), in spec order."""
+        return [w for w in self.webhooks if w.at == point]
 
 
 # --- notifications: who hears of a release's Events ---------------------------------------------------
@@ -539,6 +710,13 @@ class GreyReleaseSpec(_Camel):
             "has(self.batchSize) == has(self.canaryWeight)",
             "batchSize and canaryWeight go together",
         ),
+        _cel(
+            "!has(self.analysis) || !has(self.analysis.webhooks) || !self.analysis.webhooks.exists(w, w.at == "
+            "'pre-traffic') || has(self.trafficRouting) && (has(self.trafficRouting.nginx) || "
+            "has(self.trafficRouting.gatewayAPI))",
+            PRE_TRAFFIC_NEEDS_WEIGHTS,
+            ".analysis.webhooks",
+        ),
     )
     target_ref: TargetRef | None = Field(None, description="The stable Deployment to release.")
     app_name: str | None = Field(
@@ -593,7 +771,7 @@ class GreyReleaseSpec(_Camel):
         None,
         description="How traffic reaches the canary. Absent: only replicas move, and an abort scales the canary away.",
     )
-    analysis: Analysis | None = Field(None, description="Prometheus metrics that gate every batch.")
+    analysis: Analysis | None = Field(None, description="Prometheus metrics and webhook checks that gate every batch.")
     progress_deadline_seconds: int = Field(
         600,
         ge=1,
@@ -638,6 +816,10 @@ class GreyReleaseSpec(_Camel):
             weights = [b.weight for b in self.batches if b.weight is not None]
             if weights != sorted(weights):
                 raise ValueError("batches: weights must never decrease")
+        if self.analysis is not None and self.analysis.webhooks_at("pre-traffic"):
+            routing = self.traffic_routing
+            if routing is None or (routing.nginx is None and routing.gateway_api is None):
+                raise ValueError(f"analysis.webhooks: {PRE_TRAFFIC_NEEDS_WEIGHTS}")
         return self
 
 
@@ -804,6 +986,26 @@ class MetricStatus(_Camel):
     consecutive_errors: int = Field(0, description="Query errors in a row.")
 
 
+class WebhookStatus(_Camel):
+    """A webhook's last answer and its counts at the point it is called (see Webhook checks)."""
+
+    name: str = Field(description="The webhook's name from spec.analysis.webhooks.")
+    at: str = Field("", description="Where it is called: pre-traffic, live, pre-promotion or post-rollback.")
+    kind: str = Field("check", description="check or confirm.")
+    verdict: CheckVerdict = Field(
+        CheckVerdict.PENDING, description="Of the last answer (a confirm's Fail is a no: it waits)."
+    )
+    code: int | None = Field(None, description="The HTTP status of the last answer; absent when none came.")
+    value: str | None = Field(None, description="The condition's field in the last answer, as JSON.")
+    message: str = Field("", description="Why the last answer had its verdict.")
+    checked_at: Timestamp | None = Field(
+        None, description="When it was last called in this batch (absent once a new batch begins)."
+    )
+    successes: int = Field(0, description="Passing answers (a confirm's yes) at this point of the batch.")
+    failures: int = Field(0, description="Failed answers (a confirm's no) at this point of the batch.")
+    consecutive_errors: int = Field(0, description="Errors in a row.")
+
+
 class BatchRecord(_Camel):
     batch: int = Field(description="The batch number, from 1.")
     canary_replicas: int = Field(0, description="Canary replicas of the batch.")
@@ -911,6 +1113,11 @@ class BatchTimes(_Camel):
     approval_expires_at: Timestamp | None = Field(
         None, description="While waiting for approval with a timeout: when the approval expires."
     )
+    checks_since: Timestamp | None = Field(
+        None,
+        description="When the batch reached a point its webhooks hold it at: its canary ready (pre-traffic), or, "
+        "the last batch, its pause and gates passed (pre-promotion).",
+    )
 
 
 #: The timers as fields of the status itself, as a controller before ``batchTimes`` stored them.
@@ -962,6 +1169,12 @@ class GreyReleaseStatus(_Camel):
     conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
     metrics: list[MetricStatus] = Field(
         default_factory=list, description="Each metric's last value, verdict and check counts in this batch."
+    )
+    webhooks: list[WebhookStatus] = Field(
+        default_factory=list, description="Each webhook's last answer, verdict and counts at its point of the batch."
+    )
+    awaiting_confirmation: str = Field(
+        "", description="The confirm webhook whose yes the batch waits for (the Paused condition is True meanwhile)."
     )
     history: list[BatchRecord] = Field(
         default_factory=list, description="The last batches: when, how big, how they ended."

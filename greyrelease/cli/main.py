@@ -75,7 +75,11 @@ def print_plan(
     if spec.follows:
         share = "" if routing is not None and routing.service is None else ", its traffic canary / (stable + canary)"
         print(f"the stable keeps its replicas; the canary is the share of them now{share}", file=out)
-    gates = ", ".join(m.name for m in spec.analysis.metrics) if spec.analysis else "-"
+    gates = "-"
+    if spec.analysis is not None:
+        # Webhooks with the point they are called at (smoke@pre-traffic).
+        names = [m.name for m in spec.analysis.metrics] + [f"{w.name}@{w.at}" for w in spec.analysis.webhooks]
+        gates = ", ".join(names) or "-"
     begin = start or datetime.now(UTC)
     all_rules = (rules or Rules()).plus(Source(SPEC, tuple(spec.windows or ()), tuple(spec.freezes or ())))
     pauses = [None if s.pause == MANUAL else float(s.pause or 0) for s in steps]

@@ -219,6 +219,25 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
                 )
             )
         lines.extend(_table(rows))
+    if st.get("awaitingConfirmation") and phase not in TERMINAL_PHASES:
+        lines.append(f"Confirm:     waiting for a yes from webhook {st['awaitingConfirmation']}")
+    webhooks = st.get("webhooks") or []
+    if webhooks:
+        lines.append("Webhooks:")
+        rows = [("NAME", "AT", "CODE", "VALUE", "VERDICT", "CALLED", "MESSAGE")]
+        for w in webhooks:
+            rows.append(
+                (
+                    str(w.get("name", "?")),
+                    str(w.get("at") or "-"),
+                    str(w.get("code") or "-"),
+                    str(w.get("value") or "-"),
+                    str(w.get("verdict") or "Pending"),
+                    age(w.get("checkedAt"), now),
+                    str(w.get("message") or ""),
+                )
+            )
+        lines.extend(_table(rows))
     shown = last_events(events)
     if shown:
         lines.append("Events:")

@@ -18,7 +18,7 @@ from greyrelease.api.release import (
     Phase,
     fmt_time,
 )
-from greyrelease.planner import asks
+from greyrelease.planner import asks, hooks
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import RemoveAnnotations, ScaleStable
 from greyrelease.planner.asks import word
@@ -60,6 +60,9 @@ def upscale(p: Pass, b: Batch) -> Then:
         p.set(message=f"{b.label}: waiting for the canary Service to list {step.canary_replicas} ready pods")
         p.at(min(deadline, p.now + timedelta(seconds=ENDPOINTS_POLL)))
         return WAIT
+    held = hooks.before_traffic(p, b)
+    if held is not None:
+        return held
     return _go_live(p, b)
 
 
@@ -80,7 +83,7 @@ def _go_live(p: Pass, b: Batch) -> Then:
     next_check = p.now + timedelta(seconds=pause) if pause is not None else None
     manual = step.pause == MANUAL
     expires = p.now + timedelta(seconds=step.approval.timeout) if manual and step.approval else None
-    p.times(ready_at=p.now, next_check_at=next_check, approval_expires_at=expires)
+    p.times(ready_at=p.now, next_check_at=next_check, approval_expires_at=expires, checks_since=None)
     p.set(
         batch_state=BatchState.WAITING_FOR_APPROVAL if manual else BatchState.VERIFYING,
         canary_weight=step.weight,
@@ -146,6 +149,9 @@ def verify(p: Pass, b: Batch) -> Then:
             p.history(k, finished_at=p.now, result="promoted (full)")
             return start_promotion(p, n)
         return _next_batch(p, b, result="promoted")
+    ended = hooks.promotion_waits(p, b)
+    if ended is not None:
+        return _next_batch(p, b, result=ended)  # the pre-promotion webhooks hold the last batch
 
     times = p.status.batch_times
     if step.pause == MANUAL:
@@ -163,6 +169,9 @@ def verify(p: Pass, b: Batch) -> Then:
     if times.next_check_at is not None and p.now < times.next_check_at:
         p.at(times.next_check_at)
         return WAIT
+    confirming = hooks.live_confirm(p, b)
+    if confirming is not None:
+        return confirming
     if gate is not None and not gate.passed:
         # No verdict yet (no data, or too few passing checks): wait, but not past the progress deadline.
         deadline = p.deadline(times.next_check_at or times.ready_at)
@@ -242,14 +251,19 @@ def _gate(p: Pass, b: Batch) -> Verdict | None:
             p.event(R.METRIC_CHECK_FAILED, f"{b.label}: metric {metric.name}: {folded.message}", warning=True)
     ordered = [metrics[m.name] for m in analysis.metrics if m.name in metrics]
     p.set(metrics=ordered)
-    p.at(next_check_at(analysis, ordered, p.status.batch_times.ready_at or p.now))
-    return judge_metrics(analysis, ordered)
+    if analysis.metrics:
+        p.at(next_check_at(analysis, ordered, p.status.batch_times.ready_at or p.now))
+    return hooks.live_checks(p, judge_metrics(analysis, ordered))
 
 
 def _next_batch(p: Pass, b: Batch, *, result: str) -> Then:
     """The batch is done: on to the next one (Upscaling) once a release window lets it start, or to the
     promotion after the last (never held: the last batch already runs every replica on all the traffic)."""
     k, n = b.step.number, len(b.steps)
+    if k >= n:
+        held = hooks.before_promotion(p, b, result)
+        if held is not None:
+            return held
     p.history(k, finished_at=p.now, result=result)
     if k >= n:
         return start_promotion(p, n)

@@ -78,10 +78,10 @@ for pauses the batch, a live batch's canary deleted grows the batch again. The h
 (the target, the current batch) as an argument.
 
 The handlers, by concern: :mod:`.start` (starting), :mod:`.waits` (what governance makes a release wait for),
-:mod:`.batch_states` (a batch under way), :mod:`.promotion`, :mod:`.rollback` (and deletion),
-:mod:`.requests`, :mod:`.rest` (the phases a release rests in); what they share is :mod:`.passes` (one pass:
-the status being built, the world projected forward, the actions planned), :mod:`.observed` (what the
-cluster looks like) and :mod:`.follow` (a followed Deployment).
+:mod:`.batch_states` (a batch under way), :mod:`.hooks` (its webhook checks), :mod:`.promotion`,
+:mod:`.rollback` (and deletion), :mod:`.requests`, :mod:`.rest` (the phases a release rests in); what they
+share is :mod:`.passes` (one pass: the status being built, the world projected forward, the actions
+planned), :mod:`.observed` (what the cluster looks like) and :mod:`.follow` (a followed Deployment).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ from greyrelease.api.release import (
     GreyReleaseStatus,
     Phase,
 )
-from greyrelease.planner import follow
+from greyrelease.planner import follow, hooks
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import FreeSlot, Plan
 from greyrelease.planner.batch_states import between, canary_lost, follow_size, on_pause, pause, upscale, verify
@@ -152,6 +152,7 @@ def decide(spec: GreyReleaseSpec, status: GreyReleaseStatus, observed: Observed,
     if observed.deleting:
         delete(p)
     else:
+        hooks.fold_answers(p)
         first = request(p)
         if first is None or first(p) is GO_ON:
             _run(p)

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from greyrelease.analysis.verdicts import Check
+from greyrelease.analysis.webhooks import Answer
 from greyrelease.planner.actions import (
     Action,
     DeleteCanary,
@@ -176,6 +177,7 @@ class Observed:
     #: a batch's canary grows, and only in the modes that route through a canary Service; else None.
     canary_endpoints: int | None = None
     checks: tuple[Check, ...] = ()  # metric samples taken in this pass (only when a check was due)
+    answers: tuple[Answer, ...] = ()  # webhook answers got in this pass (only from webhooks that were due)
     rules: Rules = field(default_factory=Rules)  # the windows and freezes of the policies that govern the release
     queue: Queue | None = None  # the concurrency limit it is under, if any
     predecessors: tuple[Predecessor, ...] = ()  # the releases of spec.after, as found

@@ -24,6 +24,7 @@ from greyrelease.api.release import (
     MetricStatus,
     Outcome,
     Phase,
+    WebhookStatus,
 )
 from greyrelease.planner import reasons as R
 from greyrelease.planner.actions import Action, EnsureCanary, Event, Plan, PrepareRouting, Regarding, SetWeight
@@ -211,6 +212,7 @@ class Pass:
             current_batch=number,
             batch_times=BatchTimes(started_at=self.now),
             metrics=[_fresh(m) for m in self.status.metrics],
+            webhooks=[_fresh_webhook(w) for w in self.status.webhooks],
         )
 
     def end_batch(self) -> None:
@@ -257,6 +259,14 @@ def _fresh(m: MetricStatus) -> MetricStatus:
     return m.model_copy(update={"successes": 0, "failures": 0, "consecutive_errors": 0})
 
 
+def _fresh_webhook(w: WebhookStatus) -> WebhookStatus:
+    """A webhook's status for a new batch: its last answer stays visible; it counts as not called yet at
+    any point of the new batch (even one that begins at the same instant as its last call)."""
+    if w.checked_at is None and not (w.successes or w.failures or w.consecutive_errors):
+        return w
+    return w.model_copy(update={"checked_at": None, "successes": 0, "failures": 0, "consecutive_errors": 0})
+
+
 def started(status: GreyReleaseStatus) -> bool:
     """Whether the release has changed anything on the cluster (its undo record is kept from then on): a
     pinned release its stable's size, a follow-mode one its routing and canary."""
@@ -279,7 +289,10 @@ def images_text(images: Images | list[ContainerImage]) -> str:
 
 
 def _waiting_for_approval(status: GreyReleaseStatus) -> bool:
-    return status.phase == Phase.PROGRESSING and status.batch_state == BatchState.WAITING_FOR_APPROVAL
+    """Waiting for ``greyrelease.io/promote``, or for a confirm webhook's yes."""
+    if status.phase != Phase.PROGRESSING:
+        return False
+    return status.batch_state == BatchState.WAITING_FOR_APPROVAL or bool(status.awaiting_confirmation)
 
 
 #: kstatus (Flux's health checks, ``kubectl wait``): Reconciling True is InProgress, Stalled True is Failed,

@@ -31,6 +31,10 @@ CLEANED_UP = "CleanedUp"
 WAITING = "Waiting"
 QUEUED = "Queued"
 APPROVAL_EXPIRED = "ApprovalExpired"
+# Webhook checks: an answer that failed or erred (a confirm's no is not one), a confirm's wait and its yes
+WEBHOOK_CHECK_FAILED = "WebhookCheckFailed"
+WAITING_FOR_CONFIRMATION = "WaitingForConfirmation"
+CONFIRMED = "Confirmed"
 # Follow mode
 ENROLLED = "Enrolled"
 HELD = "TemplateHeld"

@@ -56,6 +56,7 @@ def fresh(p: Pass) -> None:
         total_batches=0,
         history=[],
         metrics=[],
+        webhooks=[],
         batch_times=BatchTimes(),
         last_promotion="",
         approvals=[],

@@ -87,7 +87,15 @@ def rolling_back(p: Pass) -> Then:
     )
     p.phase(end, f"{st.message}; stable {st.stable_version} serves all traffic")
     p.event(R.ROLLED_BACK, f"rolled back: all traffic on the stable version {st.stable_version}")
+    _tell_webhooks(p)
     return WAIT
+
+
+def _tell_webhooks(p: Pass) -> None:
+    """The rollback is done: its post-rollback webhooks are called by the next pass (a pass calls only
+    what its recorded status makes due)."""
+    if p.spec.analysis is not None and p.spec.analysis.webhooks_at("post-rollback"):
+        p.again(0)
 
 
 def _rolled_back_following(p: Pass, end: Phase) -> Then:
@@ -117,6 +125,7 @@ def _rolled_back_following(p: Pass, end: Phase) -> Then:
         p.event(R.REVERTED, f"{why}: canary removed, hold released")
         return WAIT
     p.phase(end, follow.stuck(p, target, why))
+    _tell_webhooks(p)
     if target is not None and follow.rolling(target):
         # A promotion whose rollout stalled: the hold is released already.
         p.event(R.ROLLED_BACK, f"canary removed: all traffic on Deployment {target.name}'s own pods, still rolling")

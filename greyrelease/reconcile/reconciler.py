@@ -6,8 +6,8 @@ last. A controller killed in between plans again from the old status; every acti
 re-applying it is a no-op, the Events get the same names whatever else the repeat reads and are not posted
 twice, and the transition is recorded on the next pass. The status is written only when it differs, so an
 idle release costs reads, never writes. Each step is a unit of its own: :mod:`.observe`,
-:func:`~greyrelease.planner.machine.decide`, :mod:`.execute`, :mod:`.record`, with the metric queries in
-:mod:`.gates` and a refused spec in :mod:`.invalid`.
+:func:`~greyrelease.planner.machine.decide`, :mod:`.execute`, :mod:`.record`, with the metric queries and
+the webhook calls in :mod:`.gates` and a refused spec in :mod:`.invalid`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
+from greyrelease.analysis.webhooks import due as webhooks_due
 from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
 from greyrelease.kube.protocol import Kube
 from greyrelease.kube.workload import canary_name
@@ -103,6 +104,10 @@ class Reconciler:
             scene = observe(self.kube, release, spec, status, self.governing, self.held)
             if due(spec, status, now):
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
+            calls = webhooks_due(spec, status, now) if not scene.observed.deleting else ()
+            if calls:
+                answers = self.gates.answers(release, spec, status, calls, now)
+                scene.observed = replace(scene.observed, answers=answers)
             plan = numbered(decide(spec, status, scene.observed, now), status)
             execute(self.kube, plan.actions, scene)
             self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)

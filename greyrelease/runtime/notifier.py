@@ -30,11 +30,8 @@ delivery is at most once (the README says so).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -45,9 +42,10 @@ import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from greyrelease.api.release import GROUP, KIND, VERSION, NotificationStatus
-from greyrelease.kube.protocol import MERGE, ApiError, Conflict, Kube, path
+from greyrelease.kube.protocol import MERGE, Conflict, Kube, path
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.notify import NOTIFICATION_FAILED, Delivery
+from greyrelease.reconcile.outbound import SecretError, describe, secret_text
 from greyrelease.reconcile.record import release_path
 
 log = logging.getLogger("greyrelease")
@@ -234,7 +232,7 @@ class Notifier:
                 metrics.NOTIFICATION_SEND.labels(d.format).observe(time.perf_counter() - started)
         except Exception as err:
             self._urls.pop(d.lane, None)
-            why = str(err) if isinstance(err, Undeliverable | _ServerError) else _describe(err, self.timeout)
+            why = str(err) if isinstance(err, Undeliverable | _ServerError) else describe(err, self.timeout)
             metrics.NOTIFICATIONS_FAILED.labels(*labels).inc()
             log.warning(f"[{d.namespace}/{d.release}] notification {d.notification} of Event {d.reason}: {why}")
             await asyncio.to_thread(self._failed, d, why)
@@ -253,22 +251,12 @@ class Notifier:
 
     def _read_url(self, d: Delivery) -> str:
         namespace, name, key = d.secret
-        where = f"Secret {namespace}/{name}"
         try:
-            secret = self.kube.get(path("", "v1", "secrets", namespace, name))
-        except ApiError as err:
-            raise Undeliverable(f"{where} could not be read: {err.status} {err.reason}") from err
-        if secret is None:
-            raise Undeliverable(f"{where} not found")
-        raw = (secret.get("data") or {}).get(key)
-        if raw is None:
-            raise Undeliverable(f"{where} has no key {key!r}")
-        try:
-            url = base64.b64decode(raw, validate=True).decode().strip()
-        except (binascii.Error, UnicodeDecodeError) as err:
-            raise Undeliverable(f"{where}: key {key!r} is not base64 text") from err
+            url = secret_text(self.kube, namespace, name, key)
+        except SecretError as err:
+            raise Undeliverable(str(err)) from err
         if not url.startswith(("https://", "http://")):
-            raise Undeliverable(f"{where}: key {key!r} does not hold an http(s) URL")
+            raise Undeliverable(f"Secret {namespace}/{name}: key {key!r} does not hold an http(s) URL")
         return url
 
     async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes) -> None:
@@ -354,16 +342,3 @@ class Notifier:
             )
         except Exception as err:  # as above: what is recorded is told in the log when it cannot be
             log.warning(f"[{d.namespace}/{d.release}] status.notifications not written: {err}")
-
-
-def _describe(err: BaseException, timeout: float) -> str:
-    if isinstance(err, aiohttp.ConnectionTimeoutError):
-        return f"could not connect within {timeout:g}s"
-    if isinstance(err, TimeoutError):
-        return f"no answer within {timeout:g}s"
-    if isinstance(err, aiohttp.ClientConnectorError):
-        # The error number's text only: the error's own text names the host and port.
-        code = err.os_error.errno
-        return "could not connect" + (f": {os.strerror(code)}" if code else "")
-    # Only the kind of the others: their text may quote the URL, a credential.
-    return f"{type(err).__name__} while posting"

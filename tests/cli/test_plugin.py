@@ -287,3 +287,31 @@ def test_plan_refuses_an_unreadable_start(tmp_path: Path) -> None:
     sample = ROOT / "config" / "samples" / "greyrelease.io_v1_greyrelease.yaml"
     with pytest.raises(SystemExit, match="--start: 'monday' is not an RFC 3339 time"):
         plugin.main(["plan", "-f", str(sample), "--replicas", "10", "--start", "monday"], out=io.StringIO())
+
+
+def test_status_shows_each_webhooks_last_answer_and_the_confirm_waited_for() -> None:
+    held = {
+        **PROGRESSING,
+        "awaitingConfirmation": "change-board",
+        "webhooks": [
+            {
+                "name": "smoke",
+                "at": "pre-traffic",
+                "verdict": "Pass",
+                "code": 200,
+                "value": "true",
+                "message": "result.ok = true",
+                "checkedAt": ts(30),
+            },
+            {"name": "change-board", "at": "live", "kind": "confirm", "verdict": "Fail", "code": 403},
+        ],
+    }
+    text = render_status(release(held), [], NOW)
+    assert "Confirm:     waiting for a yes from webhook change-board" in text, text
+    lines = text.splitlines()
+    header = lines.index("Webhooks:") + 1
+    assert lines[header].split() == ["NAME", "AT", "CODE", "VALUE", "VERDICT", "CALLED", "MESSAGE"]
+    assert lines[header + 1].split()[:5] == ["smoke", "pre-traffic", "200", "true", "Pass"]
+    assert lines[header + 1].rstrip().endswith("result.ok = true")
+    assert lines[header + 2].split()[:5] == ["change-board", "live", "403", "-", "Fail"]
+    assert "Confirm:" not in render_status(release({**held, "phase": "Aborted"}), [], NOW)

@@ -28,7 +28,9 @@ from greyrelease.planner.machine import Observed, Workload, decide
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
 #: Status fields the earlier controller did not write.
-NEW_FIELDS: frozenset[str] = frozenset({"batchState", "lastRelease", "held", "stable", "requests", "approvals"})
+NEW_FIELDS: frozenset[str] = frozenset(
+    {"batchState", "lastRelease", "held", "stable", "requests", "approvals", "webhooks", "awaitingConfirmation"}
+)
 #: Conditions it did not write (kstatus's, added with follow mode).
 NEW_CONDITIONS: frozenset[str] = frozenset({"Ready", "Reconciling", "Stalled"})
 #: Fields of actions it did not have, at the value they have when not set.

@@ -105,7 +105,9 @@ def _observed(d: dict[str, Any]) -> Observed:
 
 #: What the controller writes since these calls were recorded (with follow mode): status fields,
 #: conditions (kstatus's), and action fields (at the value they have when not set).
-NEW_FIELDS: frozenset[str] = frozenset({"lastRelease", "held", "stable", "requests", "approvals"})
+NEW_FIELDS: frozenset[str] = frozenset(
+    {"lastRelease", "held", "stable", "requests", "approvals", "webhooks", "awaitingConfirmation"}
+)
 NEW_CONDITIONS: frozenset[str] = frozenset({"Ready", "Reconciling", "Stalled"})
 NEW_ACTION_FIELDS: dict[str, object] = {"template": ""}
 

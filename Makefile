@@ -84,7 +84,7 @@ e2e: deps
 test: check
 	$(PY) -m pytest tests -q -p no:cacheprovider
 	$(MAKE) --no-print-directory deps
-	$(PY) -m pytest e2e -q -p no:cacheprovider
+	$(PY) -m pytest e2e -q -p no:cacheprovider --durations=40
 
 demo: deps
 	$(PY) -m e2e.demo

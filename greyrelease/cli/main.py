@@ -258,7 +258,7 @@ async def _run(args: argparse.Namespace) -> int:
 
     from greyrelease.kube.client import KubeClient
     from greyrelease.kube.retry import ONCE
-    from greyrelease.reconcile.held import HeldSelfTest
+    from greyrelease.reconcile.held import CONFIRM_SECONDS, HeldSelfTest
     from greyrelease.reconcile.policies import Governing
     from greyrelease.runtime import operator  # noqa: F401 - registers the handlers
     from greyrelease.runtime.health import serve as serve_health
@@ -304,7 +304,11 @@ async def _run(args: argparse.Namespace) -> int:
         # the next test is the retry, and a call retried would only hide a webhook that does not answer.
         from greyrelease.runtime.held import keep_testing
 
-        selftest = HeldSelfTest(KubeClient.from_environment(retry=ONCE), every=args.held_selftest_seconds)
+        selftest = HeldSelfTest(
+            KubeClient.from_environment(retry=ONCE),
+            every=args.held_selftest_seconds,
+            confirm_seconds=min(CONFIRM_SECONDS, args.held_selftest_seconds),
+        )
         tester = asyncio.create_task(keep_testing(selftest))
     if args.shards > 1:
         from greyrelease.runtime.sharded import run_sharded

@@ -27,8 +27,9 @@ so (:meth:`attach`'s listener).
 A dry run stores nothing, but it is a request to the API server and to the webhook: each is counted
 (``greyrelease_held_selftests_total{result}``), and the webhook logs it as a dry run. A result ``False``
 right after one that was not is tried again :data:`CONFIRM_SECONDS` later (or the interval, when
-shorter), up to :data:`CONFIRMATIONS` times, before it is shown: a replica of a one-replica install is not an endpoint of its own Service until
-it is ready, and one webhook call lost in a rolling update says nothing of the hold.
+shorter), up to :data:`CONFIRMATIONS` times, before it is shown: a replica of a one-replica install is not
+an endpoint of its own Service until it is ready, and one webhook call lost in a rolling update says
+nothing of the hold.
 """
 
 from __future__ import annotations

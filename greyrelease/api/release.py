@@ -415,6 +415,7 @@ class Analysis(_Camel):
         _cel(
             "has(self.metrics) && size(self.metrics) > 0 || has(self.webhooks) && size(self.webhooks) > 0",
             "analysis needs metrics or webhooks",
+            ".metrics",
         ),
         _cel(
             "!has(self.metrics) || size(self.metrics) == 0 || has(self.prometheus)",

@@ -1,5 +1,5 @@
 # GreyRelease: progressive batch releases for Kubernetes.
-#   make demo   a good release, then a bad one rolled back by its gate, under real traffic through Traefik on the local cluster
+#   make demo   releases from commits to Git (synced as Argo CD does): a good one, then a bad one rolled back by its gate and reverted, under real traffic through Traefik on the local cluster
 #   make test   the whole suite: the checks and the unit tests first (the venv only), then end-to-end tests on the local cluster
 
 SHELL := /bin/bash

@@ -49,7 +49,8 @@ from greyrelease.kube.client import KubeClient, load_configuration
 from e2e.harness.controller import Controller, drop_releases, gr, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
 from e2e.harness.dataplane import DataPlane, answering_app
-from e2e.harness.gitops import ARGOCD, FLUX, GitOps, Ignore, Tool, audited_requests
+from e2e.harness.follow import git_route, git_service, ignore_rules
+from e2e.harness.gitops import ARGOCD, FLUX, GitOps, Tool, audited_requests
 from e2e.harness.hpa import HPA, HPA_FIELD_MANAGER
 from e2e.harness.load import Load, Record, last, percentile, summarise
 from e2e.harness.process import free_port
@@ -244,34 +245,6 @@ def git_deployment(tag: str, *, replicas: int | None, serving: bool = True) -> d
     if not serving:
         del d["spec"]["template"]["spec"]["readinessGates"]
     return d
-
-
-def git_service(name: str) -> dict[str, Any]:
-    svc: dict[str, Any] = answering_app("web", 1)["items"][1]
-    svc["metadata"]["name"] = name
-    return svc
-
-
-def git_route(host: str, service: str, dataplane: DataPlane) -> dict[str, Any]:
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "HTTPRoute",
-        "metadata": {"name": "web"},
-        "spec": {
-            "parentRefs": [dataplane.parent_ref],
-            "hostnames": [host],
-            "rules": [{"backendRefs": [{"name": service, "port": 80}]}],
-        },
-    }
-
-
-def ignore_rules(service: str) -> list[Ignore]:
-    """config/gitops/argocd/application.yaml's rules, for these names (its jq expressions on the route's rules
-    amount to the rules taken from the live object while a release has changed them)."""
-    return [
-        Ignore("Service", service, "/spec/selector/pod-template-hash"),
-        Ignore("HTTPRoute", "web", "/spec/rules"),
-    ]
 
 
 # --- the controller with its webhook ----------------------------------------------------------------------
@@ -497,7 +470,7 @@ def test_a_commit_is_released_in_batches_under_gitops_and_load(
     gitops = GitOps(cluster, namespace, tmp_path / "repo", tool, ignore=ignore_rules("web"))
     gitops.commit(git_deployment("v1", replicas=replicas))
     gitops.commit(git_service("web"))
-    gitops.commit(git_route(host, "web", dataplane))
+    gitops.commit(git_route(host, "web", dataplane.parent_ref))
     gitops.commit(follow_release(routing, BATCHES))
     since = datetime.now(UTC)
     scene = Scene(cluster, namespace)
@@ -771,7 +744,7 @@ def test_a_bad_template_is_left_held_by_its_gate_and_a_revert_restarts_no_pod(
     gitops = GitOps(cluster, namespace, tmp_path / "repo", ARGOCD, ignore=ignore_rules("web-stable"))
     gitops.commit(git_deployment("v1", replicas=replicas))
     gitops.commit(git_service("web-stable"))
-    gitops.commit(git_route(host, "web-stable", dataplane))
+    gitops.commit(git_route(host, "web-stable", dataplane.parent_ref))
     gitops.commit(follow_release(routing, batches, analysis=analysis))
     since = datetime.now(UTC)
     scene = Scene(cluster, namespace)
@@ -892,7 +865,7 @@ def test_an_abort_mid_release_cuts_the_canary_within_a_second_and_leaves_the_tem
     gitops = GitOps(cluster, namespace, tmp_path / "repo", ARGOCD, ignore=ignore_rules("web"))
     gitops.commit(git_deployment("v1", replicas=replicas))
     gitops.commit(git_service("web"))
-    gitops.commit(git_route(host, "web", dataplane))
+    gitops.commit(git_route(host, "web", dataplane.parent_ref))
     gitops.commit(follow_release(routing, batches))
     since = datetime.now(UTC)
     scene = Scene(cluster, namespace)

@@ -2,10 +2,11 @@
 ``spec.paused`` and a GreyRelease without ``targetVersion``, committed to the GitOps emulator's repository,
 e2e/harness/gitops.py), the controller run from a terminal with its admission webhook, and ``kubectl gr``.
 
-- :func:`git_deployment`, :func:`follow_release`: the manifests of "Git";
+- :func:`git_deployment`, :func:`git_service`, :func:`git_route`, :func:`follow_release`: the manifests of
+  "Git"; :func:`ignore_rules`: the ignore rules config/gitops/argocd/application.yaml ships, for them;
 - :class:`Follower`: ``greyrelease run --webhook-port P`` watching one namespace, its webhook registered on
-  127.0.0.1:P; stopped with its log printed, the namespace's GreyReleases dropped and the webhook's
-  configuration removed (the controller leaves it registered on exit, by design);
+  127.0.0.1:P; stopped with its log printed (unless told not to), the namespace's GreyReleases dropped and
+  the webhook's configuration removed (the controller leaves it registered on exit, by design);
 - :func:`set_up`: the first sync, the app rolled out, the release ``Idle`` and the webhook holding a
   template of the enrolled Deployment;
 - :func:`wait_held`: the Deployment as the webhook leaves a new template (paused, the digest annotation, no
@@ -21,6 +22,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from greyrelease.admission import CONFIGURATION_NAME, HELD_ANNOTATION, template_
 from e2e.harness.controller import Controller, drop_releases, gr, wait_for
 from e2e.harness.controlplane import Cluster
 from e2e.harness.dataplane import answering_app
-from e2e.harness.gitops import GitOps
+from e2e.harness.gitops import GitOps, Ignore
 from e2e.harness.observe import Reads, first_image
 from e2e.harness.process import free_port
 
@@ -52,6 +54,37 @@ def git_deployment(tag: str, *, replicas: int, serving: bool = False, grace_seco
     if not serving:
         del d["spec"]["template"]["spec"]["readinessGates"]
     return d
+
+
+def git_service(name: str) -> dict[str, Any]:
+    """Service ``name`` in front of Deployment web's pods (port 80 to their port ``http``)."""
+    svc: dict[str, Any] = answering_app("web", 1)["items"][1]
+    svc["metadata"]["name"] = name
+    return svc
+
+
+def git_route(host: str, service: str, parent_ref: Mapping[str, str]) -> dict[str, Any]:
+    """HTTPRoute web: ``host`` on the Gateway ``parent_ref`` (its name and namespace), all of it to ``service``."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "web"},
+        "spec": {
+            "parentRefs": [dict(parent_ref)],
+            "hostnames": [host],
+            "rules": [{"backendRefs": [{"name": service, "port": 80}]}],
+        },
+    }
+
+
+def ignore_rules(service: str) -> list[Ignore]:
+    """config/gitops/argocd/application.yaml's rules, for the stable Service ``service`` and HTTPRoute web (its
+    jq expressions on the route's rules amount to the rules taken from the live object while a release has
+    changed them)."""
+    return [
+        Ignore("Service", service, "/spec/selector/pod-template-hash"),
+        Ignore("HTTPRoute", "web", "/spec/rules"),
+    ]
 
 
 def follow_release(
@@ -98,9 +131,12 @@ class Follower:
         )
         return time.monotonic() - started
 
-    def stop(self) -> None:
+    def stop(self, *, log: bool = True) -> None:
+        """Stops it (with ``log``, printing the last lines of its log), drops the namespace's GreyReleases and
+        removes the webhook's configuration."""
         self.controller.stop()
-        print(f"--- controller log (last lines) ---\n{self.controller.logs()}")
+        if log:
+            print(f"--- controller log (last lines) ---\n{self.controller.logs()}")
         drop_releases(self.cluster, self.namespace)
         self.cluster.kubectl("delete", "mutatingwebhookconfiguration", CONFIGURATION_NAME, "--ignore-not-found")
 

@@ -59,8 +59,9 @@ def test_a_release_waits_for_its_window_and_writes_nothing_until_it_opens(
     cluster: Cluster, namespace: str, controller: Controller
 ) -> None:
     deploy_app(cluster, namespace, replicas=4)
-    # Windows have minute resolution: the next whole minute at least 20 s away (20 to 80 s from now).
-    soon = datetime.now(UTC) + timedelta(seconds=20)
+    # Windows have minute resolution: the next whole minute at least 10 s away (10 to 70 s from now; the
+    # release is Waiting a few seconds after its apply, before the window could open).
+    soon = datetime.now(UTC) + timedelta(seconds=10)
     opening = soon.replace(second=0, microsecond=0) + timedelta(minutes=1 if soon.second or soon.microsecond else 0)
     closing = opening + timedelta(minutes=30)
     window = {"days": [DAYS[opening.weekday()]], "start": f"{opening:%H:%M}", "end": f"{closing:%H:%M}"}

@@ -75,8 +75,17 @@ check: venv
 unit: venv
 	$(PY) -m pytest tests -q
 
+# The end-to-end files on E2E_WORKERS local clusters at once (pytest-xdist; each worker starts its own
+# cluster, Prometheus and data plane, on its own ports and pod network slot, see e2e/harness/podnet.py), a
+# file's tests all on one worker in order (--dist loadfile: a module's fixtures and figures stay together).
+# Most of a test's time is waiting on a release's pauses, not CPU: two at once take about half the time on
+# 2 cores. E2E_WORKERS=0 runs them in this process, one after another: the default when KUBECONFIG is set,
+# since the tests would then share that one cluster (its cluster-wide objects: CRDs, webhook configurations).
+E2E_WORKERS ?= $(if $(KUBECONFIG),0,2)
+E2E = $(PY) -m pytest e2e -q -p no:cacheprovider -n $(E2E_WORKERS) --dist loadfile
+
 e2e: deps
-	$(PY) -m pytest e2e -q
+	$(E2E)
 
 # The README's test command, in the order that fails soonest: the checks and the unit tests first, which
 # need only the venv (about a minute), and only then the Debian packages, the local cluster's Go-built
@@ -84,7 +93,7 @@ e2e: deps
 test: check
 	$(PY) -m pytest tests -q -p no:cacheprovider
 	$(MAKE) --no-print-directory deps
-	$(PY) -m pytest e2e -q -p no:cacheprovider --durations=40
+	$(E2E) --durations=40
 
 demo: deps
 	$(PY) -m e2e.demo

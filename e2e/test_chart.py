@@ -415,30 +415,24 @@ def release_manifest(install: Install) -> list[Obj]:
     return docs(helm(install.env, "get", "manifest", RELEASE, "--namespace", install.namespace).stdout)
 
 
-def helm_install(install: Install, *args: str) -> subprocess.CompletedProcess[str]:
-    # --take-ownership: earlier tests of a session may have applied the same CRDs with kubectl (as an install
-    # made with `kubectl apply -k config/default` has them); the chart adopts them rather than failing.
-    return helm(
-        install.env,
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster, crd: Path, chart_namespace: Install) -> Install:
+    """The chart installed with its defaults over the CRDs applied with kubectl (`crd`, as a kustomize
+    install or an earlier test of the session leaves them): --take-ownership adopts them."""
+    # A controller run from a terminal leaves its own greyrelease-hold registered (a URL on this host).
+    cluster.kubectl("delete", "mutatingwebhookconfiguration", "greyrelease-hold", "--ignore-not-found")
+    started = time.monotonic()
+    proc = helm(
+        chart_namespace.env,
         "install",
         RELEASE,
         str(CHART),
         "--namespace",
-        install.namespace,
+        chart_namespace.namespace,
         "--take-ownership",
         "--wait=watcher",
         "--timeout=60s",
-        *args,
     )
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster, chart_namespace: Install) -> Install:
-    """The chart installed with its defaults, the controller's leftovers of earlier tests out of the way."""
-    # A controller run from a terminal leaves its own greyrelease-hold registered (a URL on this host).
-    cluster.kubectl("delete", "mutatingwebhookconfiguration", "greyrelease-hold", "--ignore-not-found")
-    started = time.monotonic()
-    proc = helm_install(chart_namespace)
     print(f"\nhelm install: {time.monotonic() - started:.1f} s")
     assert "STATUS: deployed" in proc.stdout, proc.stdout
     assert "PodSecurity" not in proc.stderr, proc.stderr
@@ -524,7 +518,7 @@ def test_upgrade_with_other_values(cluster: Cluster, installed: Install) -> None
         installed.namespace,
         "--set",
         "maxProgressing=2,extraArgs={--lease-seconds=20},resources.limits.memory=1Gi,resources.requests.cpu=100m",
-        "--set",
+        "--set-string",
         "podAnnotations.example\\.com/rev=2",
     )
     print(f"\nhelm upgrade: {time.monotonic() - started:.1f} s")

@@ -33,8 +33,9 @@ import pytest
 import yaml
 
 from e2e.harness.controller import ROOT, Controller, apply_release, deploy_app, deployment, drop_releases, gr, wait_for
-from e2e.harness.controlplane import Cluster, find_kubectl
+from e2e.harness.controlplane import Cluster, LocalCluster, find_kubectl
 from e2e.harness.process import bin_dir, free_port
+from e2e.harness.reliability import audit_events
 from e2e.test_install import DENIED_IN_LOG
 
 pytestmark = pytest.mark.e2e
@@ -498,6 +499,19 @@ def test_a_release_runs_as_the_chart_service_account(
         denied = [line for line in ctl.log.read_text(errors="replace").splitlines() if DENIED_IN_LOG.search(line)]
         assert denied == [], ctl.logs()
         print(f"\nrelease v2 over 4 replicas as the chart's ServiceAccount: {time.monotonic() - started:.1f} s")
+        if isinstance(cluster, LocalCluster):  # the API server's own record of every write, refused or not
+            user = f"system:serviceaccount:{installed.namespace}:{SERVICE_ACCOUNT}"
+            writes = [
+                e
+                for e in audit_events(cluster.audit_log)
+                if e.get("stage") == "ResponseComplete" and (e.get("user") or {}).get("username") == user
+            ]
+            refused = [f"{e['verb']} {e['requestURI']}" for e in writes if e["responseStatus"].get("code") == 403]
+            assert refused == []
+            done_by = {(e["objectRef"]["resource"], e["verb"]) for e in writes if e.get("objectRef")}
+            for needed in (("secrets", "create"), ("mutatingwebhookconfigurations", "update"), ("leases", "create")):
+                assert needed in done_by, (needed, sorted(done_by))
+            print(f"{len(writes)} writes as {user} in the audit log, none refused")
     finally:
         ctl.stop()
         drop_releases(cluster, namespace)

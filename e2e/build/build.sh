@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from Go modules into a versioned cache outside the repository:
 #   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd, kwok, and the data
-#   plane's proxy, traefik (github.com/traefik/traefik/v3); and helm (helm.sh/helm/v4) for the chart's tests.
+#   plane's proxy, traefik (github.com/traefik/traefik/v3).
 # Idempotent: when every binary is present and answers --version, it returns at once.
 set -euo pipefail
 

@@ -54,7 +54,8 @@ system-deps:
 	@command -v ip >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; }
 
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and traefik, built once into
-# ~/.cache/greyrelease, with the Gateway API CRDs beside them.
+# ~/.cache/greyrelease, with the Gateway API CRDs beside them; and helm, for the Helm chart charts/greyrelease
+# (e2e/test_chart.py), with the ServiceMonitor CRD.
 binaries: system-deps
 	e2e/build/build.sh
 

@@ -73,6 +73,38 @@ build_argo() (
 if [ "${1:-}" = argo ]; then build_argo; exit; fi
 WANT_ARGO=${GREYRELEASE_BUILD_ARGO:-0}  # 1: the cluster binaries, then rollouts-controller
 
+# --- the Helm chart's tools (e2e/test_chart.py): helm, and the ServiceMonitor CRD ------------------------
+# helm from its module (no replace directives: `go install` builds it as released; the version is stamped as
+# its own Makefile does). The Prometheus Operator's ServiceMonitor CRD, copied from its module's
+# example/prometheus-operator-crd, lets the API server check the chart's ServiceMonitor in a dry run.
+# Each only when missing, before the cluster binaries' early return.
+HELM_VERSION=${HELM_VERSION:-4.3.2}
+PROMETHEUS_OPERATOR_VERSION=${PROMETHEUS_OPERATOR_VERSION:-0.85.0}
+MONITORING_CRDS="$CACHE/k8s-v$K8S_VERSION/crd/prometheus-operator-v$PROMETHEUS_OPERATOR_VERSION"
+
+build_chart_tools() (
+  if [ -x "$BIN/helm" ] && [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" = "v$HELM_VERSION" ] &&
+     [ -s "$MONITORING_CRDS/monitoring.coreos.com_servicemonitors.yaml" ]; then
+    echo "helm v$HELM_VERSION and the ServiceMonitor CRD present"; return 0
+  fi
+  command -v go >/dev/null || { echo "error: Go >= 1.21 is needed to build helm" >&2; exit 1; }
+  export CGO_ENABLED=0 GOFLAGS=-mod=mod
+  mkdir -p "$BIN" "$MONITORING_CRDS"
+  if [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" != "v$HELM_VERSION" ]; then
+    echo "building helm v$HELM_VERSION"
+    GOBIN="$BIN" go install -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+      "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+  fi
+  local dir
+  dir=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" "$MONITORING_CRDS"/
+  chmod u+w "$MONITORING_CRDS"/*.yaml  # the module cache is read-only
+  echo "helm v$HELM_VERSION in $BIN, the ServiceMonitor CRD in $MONITORING_CRDS"
+)
+build_chart_tools
+
 if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have etcd && have kwok && have traefik &&
    have_crds; then
   echo "cluster binaries present in $BIN"

@@ -130,7 +130,7 @@ def checked(value: float, stable: float | None, seconds_ago: float, verdict: str
 
 def test_each_check_of_a_gate_is_kept_with_the_bounds_it_was_held_to() -> None:
     history = History()
-    spec = {
+    spec: dict[str, Any] = {
         "analysis": analysis(thresholdRange={"min": 0.001, "max": 0.05}, compare={"maxIncrease": 0.5, "floor": 0.01})
     }
     for status in (
@@ -151,14 +151,14 @@ def test_each_check_of_a_gate_is_kept_with_the_bounds_it_was_held_to() -> None:
 
 
 def test_governance_says_whether_a_batch_may_start_and_what_the_release_waits_for() -> None:
-    frozen = {"freezes": [{"from": ts(3600), "to": "2026-12-08T00:00:00Z", "reason": "board"}]}
+    frozen: dict[str, Any] = {"freezes": [{"from": ts(3600), "to": "2026-12-08T00:00:00Z", "reason": "board"}]}
     waiting = release({"phase": "Waiting", "message": "batch 1/3 is waiting for the end of freeze 'board'"}, **frozen)
     g = detail(waiting, [], History(), Rules(), NOW)["governance"]
     assert g["window"]["state"] == "closed" and "freeze 'board'" in g["window"]["text"]
     assert g["window"]["until"] == "2026-12-08T00:00:00Z"
     assert g["waitingFor"] == "batch 1/3 is waiting for the end of freeze 'board'"
     assert g["sources"] == ["the release's own spec"]
-    windowed = {"windows": [{"days": ["Mon-Fri"], "start": "09:00", "end": "17:00"}]}
+    windowed: dict[str, Any] = {"windows": [{"days": ["Mon-Fri"], "start": "09:00", "end": "17:00"}]}
     assert detail(release(BATCH_2, **windowed), [], History(), Rules(), NOW)["governance"]["window"]["state"] == "open"
     queued = governance(release({"phase": "Queued", "queuePosition": 2, "message": "position 2"}), Rules(), NOW)
     assert (queued["queuePosition"], queued["waitingFor"], queued["window"]["state"]) == (2, "position 2", "none")

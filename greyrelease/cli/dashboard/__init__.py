@@ -7,5 +7,7 @@ the cluster).
 - :mod:`.server`: the HTTP server (aiohttp): the page, a JSON API, a stream of server-sent events, and the
   actions, each the plugin's own code path (:func:`greyrelease.cli.plugin.steer`).
 - ``static/``: the page (``index.html``, ``dashboard.js``) and the charting library it draws with, uPlot
-  (MIT; its licence beside it), vendored: nothing is fetched or built when the page loads.
+  1.6.32 (MIT; its licence beside it, ``uPlot.LICENSE``), vendored: nothing is fetched or built when the page
+  loads. Another release of uPlot: ``npm pack uplot@<version>``, then ``dist/uPlot.iife.min.js``,
+  ``dist/uPlot.min.css`` and ``LICENSE`` from the archive copied over these.
 """

@@ -324,3 +324,22 @@ def test_the_dashboard_command_line() -> None:
     assert (args.command, args.all_namespaces, args.address, args.port) == ("dashboard", True, "127.0.0.1", 0)
     args = plugin._parser().parse_args(["-n", "shop", "dashboard"])
     assert (args.namespace, args.all_namespaces, args.port) == ("shop", False, plugin.DASHBOARD_PORT)
+
+
+def test_every_namespace_with_all_namespaces() -> None:
+    kube = cluster(batches=MANUAL, **ROUTED)
+    other = {**(kube.get(RELEASE) or {}), "status": {"phase": "Succeeded", "canaryWeight": 0}}
+    other["metadata"] = {"name": "api", "namespace": "payments"}
+    kube.put(other)
+
+    async def scenario() -> None:
+        async with running(kube, namespace=None) as dash:
+            listed = await dash.json("/api/releases")
+            assert listed["scope"] == ""
+            assert [(r["namespace"], r["name"], r["phase"]) for r in listed["releases"]] == [
+                ("payments", "api", "Succeeded"),
+                (NS, "web", "Pending"),
+            ]
+            assert (await dash.json("/api/releases/payments/api"))["actions"]["abort"] is False
+
+    run(scenario)

@@ -71,7 +71,9 @@ class Reporting:
                 ref, resource_version=resource_version, timeout_seconds=timeout_seconds, query=query
             ):
                 obj = event.get("object") or {}
-                if event.get("type") == "ERROR" and obj.get("code") != 410:
+                if event.get("type") != "ERROR":
+                    self._set("")  # the watch is open again
+                elif obj.get("code") != 410:
                     self._set(f"{obj.get('reason') or obj.get('code')}: {obj.get('message') or ''}")
                 yield event
         except Exception as err:

@@ -207,7 +207,14 @@ def test_the_page_follows_a_release_under_traffic_and_its_abort_cuts_the_canary(
                     analysis={
                         "prometheus": {"address": prometheus.url, "timeout": "2s"},
                         "interval": "1s",
-                        "metrics": [{"name": "error-rate", "query": ERROR_RATE, "thresholdRange": {"max": 0.05}}],
+                        "metrics": [
+                            {
+                                "name": "error-rate",
+                                "query": ERROR_RATE,
+                                "thresholdRange": {"max": 0.05},
+                                "compare": {"maxIncrease": 1.0, "floor": 0.005},
+                            }
+                        ],
                     },
                 ),
             )
@@ -232,7 +239,7 @@ def test_the_page_follows_a_release_under_traffic_and_its_abort_cuts_the_canary(
             assert "Pass" in text(browser, '[data-gate="error-rate"] .head')
             assert "BatchReady" in text(browser, "#events")
             if SCREENSHOT:
-                time.sleep(2)  # a few more of the gate's checks on the chart
+                time.sleep(8)  # more of the gate's checks on the chart (only when a picture is asked for)
                 shot = Path(SCREENSHOT) if Path(SCREENSHOT).is_absolute() else ROOT / SCREENSHOT
                 shot.parent.mkdir(parents=True, exist_ok=True)
                 assert browser.save_screenshot(str(shot)), shot

@@ -164,9 +164,11 @@ def test_governance_says_whether_a_batch_may_start_and_what_the_release_waits_fo
     assert (queued["queuePosition"], queued["waitingFor"], queued["window"]["state"]) == (2, "position 2", "none")
     approval = governance(release({**BATCH_2, "batchTimes": {"approvalExpiresAt": ts(-600)}}), Rules(), NOW)
     assert approval["waitingFor"] == BATCH_2["message"] and approval["approvalExpiresAt"] == ts(-600)
-    paused = release(BATCH_2)
+    paused = release({**BATCH_2, "phase": "Paused", "batchState": "Verifying", "message": "batch 2/3: paused"})
     paused["metadata"]["annotations"] = {"greyrelease.io/pause": "true"}
-    assert governance(paused, Rules(), NOW)["requested"] == ["greyrelease.io/pause=true"]
+    held = governance(paused, Rules(), NOW)
+    assert (held["requested"], held["waitingFor"]) == (["greyrelease.io/pause=true"], "batch 2/3: paused")
+    assert governance(release({**BATCH_2, "batchState": "Verifying"}), Rules(), NOW)["waitingFor"] == ""
 
 
 @pytest.mark.parametrize(

@@ -273,7 +273,7 @@ class Dashboard:
                     await response.write(b": keep-alive\n\n")
                 wake.clear()
                 await asyncio.sleep(COALESCE)
-        except (ConnectionResetError, ConnectionError):
+        except ConnectionError:
             pass  # the page went away
         finally:
             self._wakers.discard(wake)

@@ -386,7 +386,7 @@ def governance(release: Obj, rules: Rules, now: datetime, *, policies_note: str 
         until = hold.until.isoformat().replace("+00:00", "Z") if hold.until else ""
         window = {"state": "closed", "text": hold.message, "until": until}
     waiting = ""
-    if phase in (Phase.WAITING, Phase.QUEUED) or st.get("batchState") == "WaitingForApproval":
+    if phase in (Phase.WAITING, Phase.QUEUED, Phase.PAUSED) or st.get("batchState") == "WaitingForApproval":
         waiting = st.get("message") or phase
     elif st.get("awaitingConfirmation"):
         waiting = f"a yes from webhook {st['awaitingConfirmation']}"

@@ -10,9 +10,9 @@ actions, on aiohttp.
     POST /api/releases/NS/NAME/ACTION            abort, pause, resume, promote, promote-full, retry
 
 **Live.** The feed's watches (:mod:`.feed`) call :meth:`Dashboard.changed` on every change the API server
-sends; that wakes each open stream, which sends a new snapshot when what it shows differs from the last
-one it sent (and a comment line every :data:`KEEPALIVE` seconds otherwise, which also brings a release
-window's opening or closing to the page). The page neither reloads nor polls.
+sends; that wakes each open stream (aiohttp-sse's), which sends a new snapshot when what it shows differs from
+the last one it sent. Every :data:`KEEPALIVE` seconds an idle stream gets a comment line and reads the release
+again (a release window's opening or closing changes no object). The page neither reloads nor polls.
 
 **Actions** are the plugin's own code path: :func:`greyrelease.cli.plugin.steer`, which ``kubectl gr
 abort|pause|resume|promote [--full]|retry`` runs, writes the same annotations with the user's credentials.
@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
+from aiohttp_sse import EventSourceResponse
 from urllib3.exceptions import HTTPError
 
 from greyrelease.cli.dashboard.feed import Feed
@@ -63,8 +64,11 @@ from greyrelease.kube.protocol import ApiError
 
 STATIC = Path(__file__).resolve().parent / "static"
 TOKEN_HEADER = "X-GreyRelease-Token"
-#: Seconds between the comment lines that keep an idle stream open (and re-read the release windows).
+#: Seconds between the comment lines that keep an idle stream open (aiohttp-sse's pings), and between two
+#: readings of an idle release (a release window opens or closes without a change to any object).
 KEEPALIVE = 15.0
+#: How long a page waits before it opens a broken stream again (the EventSource's ``retry``), in ms.
+RETRY_MS = 2000
 #: Seconds a stream waits after a wake-up before it reads: a burst of watch events makes one snapshot.
 COALESCE = 0.05
 #: The buttons, as the plugin's commands: (command, --full).
@@ -253,31 +257,27 @@ class Dashboard:
             if not namespace or not name:
                 return _error(400, f"release={request.query['release']!r}: name it as NAMESPACE/NAME")
             selected = (namespace, name)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        )
-        await response.prepare(request)
+        events = EventSourceResponse(sep="\n", ping_interval=KEEPALIVE)
+        await events.prepare(request)
         wake = asyncio.Event()
         self._wakers.add(wake)
         try:
-            await response.write(b"retry: 2000\n\n")
-            sent = ""
-            while not self._closing:
-                data = json.dumps(self.snapshot(selected), separators=(",", ":"))
-                if data != sent:
-                    await response.write(f"event: snapshot\ndata: {data}\n\n".encode())
-                    sent = data
-                try:
-                    await asyncio.wait_for(wake.wait(), KEEPALIVE)
-                except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
-                wake.clear()
-                await asyncio.sleep(COALESCE)
+            async with events:
+                sent = ""
+                while not self._closing and events.is_connected():
+                    data = json.dumps(self.snapshot(selected), separators=(",", ":"))
+                    if data != sent:
+                        await events.send(data, event="snapshot", retry=RETRY_MS if not sent else None)
+                        sent = data
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), KEEPALIVE)
+                    wake.clear()
+                    await asyncio.sleep(COALESCE)
         except ConnectionError:
             pass  # the page went away
         finally:
             self._wakers.discard(wake)
-        return response
+        return events
 
     # --- actions -------------------------------------------------------------------------------------
 

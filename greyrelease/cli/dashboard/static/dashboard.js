@@ -233,11 +233,13 @@
         el("span", { class: "muted" }, g.message));
       const plotNode = node.querySelector(".chart");
       if (!g.t.length) { plotNode.textContent = "No check yet."; delete charts["gate:" + g.name]; continue; }
-      const series = [{}, { label: "canary", stroke: "#2f6fde", width: 2, points: { show: true, size: 5 } }];
-      const data = [g.t, g.values];
-      if (g.compared) { series.push({ label: "stable", stroke: "#718096", width: 1.5 }); data.push(g.stable); }
-      if (g.upper.some((v) => v != null)) { series.push({ label: "highest passing", stroke: "#c53030", dash: [6, 4], width: 1.5 }); data.push(g.upper); }
-      if (g.lower.some((v) => v != null)) { series.push({ label: "lowest passing", stroke: "#b7791f", dash: [6, 4], width: 1.5 }); data.push(g.lower); }
+      // The canary last, so that it is drawn over the stable where the two are equal.
+      const series = [{}], data = [g.t];
+      if (g.upper.some((v) => v != null)) { series.push({ label: "highest passing", stroke: "#c53030", dash: [6, 4], width: 1.5, points: { show: false } }); data.push(g.upper); }
+      if (g.lower.some((v) => v != null)) { series.push({ label: "lowest passing", stroke: "#b7791f", dash: [6, 4], width: 1.5, points: { show: false } }); data.push(g.lower); }
+      if (g.compared) { series.push({ label: "stable", stroke: "#9aa5b4", width: 4, points: { show: false } }); data.push(g.stable); }
+      series.push({ label: "canary", stroke: "#2f6fde", width: 2, points: { show: true, size: 5 } });
+      data.push(g.values);
       chart("gate:" + g.name, plotNode, { series, axes: [{}, { size: 60 }] }, data);
     }
     const table = $("#webhooks");

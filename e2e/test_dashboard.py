@@ -245,7 +245,10 @@ def test_the_page_follows_a_release_under_traffic_and_its_abort_cuts_the_canary(
                 assert browser.save_screenshot(str(shot)), shot
                 print(f"\nscreenshot of the release mid-way: {shot}")
             canaries = canary_pods(cluster, namespace)
-            assert len(canaries) == 2 and canaries <= set(endpoint_pods(cluster, namespace, "web"))
+            assert len(canaries) == 2, canaries
+            wait_for(
+                lambda: canaries <= set(endpoint_pods(cluster, namespace, "web")), 10, "the canary in the endpoints"
+            )
 
             # Abort on the page: the annotation kubectl gr abort writes, as the user.
             clicked = click(browser, "abort", confirm=True)
@@ -255,7 +258,11 @@ def test_the_page_follows_a_release_under_traffic_and_its_abort_cuts_the_canary(
             )
             aborted = wait_text(browser, "#r-phase", "Aborted", 60, "the release Aborted on the page")
             assert status(cluster, namespace, "web")["phase"] == "Aborted"
-            assert not canaries & set(endpoint_pods(cluster, namespace, "web"))
+            wait_for(
+                lambda: not canaries & set(endpoint_pods(cluster, namespace, "web")),
+                10,
+                "the canary out of the endpoints",
+            )
             assert browser.execute_script("return window.greyreleaseMark") == "the same page", "the page was reloaded"
             time.sleep(1.5)  # requests sent before the cut have been answered
             records = load.stop()

@@ -102,11 +102,23 @@
     else renderList(current.releases || []);
   }
 
+  // A row per release, kept across snapshots (its cells are redrawn): a row being clicked is never swapped.
+  const rows = new Map();
+
   function renderList(releases) {
     $("#empty").hidden = releases.length > 0 || !current.synced;
-    fill($("#releases tbody"), releases.map((r) => {
+    const tbody = $("#releases tbody");
+    const shown = new Set();
+    for (const r of releases) {
       const key = r.namespace + "/" + r.name;
-      const row = el("tr", { data: { release: key } },
+      shown.add(key);
+      let row = rows.get(key);
+      if (!row) {
+        row = el("tr", { data: { release: key } });
+        row.addEventListener("click", () => { location.hash = "#/" + encodeURIComponent(r.namespace) + "/" + encodeURIComponent(r.name); });
+        rows.set(key, row);
+      }
+      row.replaceChildren(
         el("td", {}, el("b", {}, r.name)),
         el("td", {}, r.namespace),
         el("td", { class: "phase-cell" }, el("span", { class: "phase " + r.phase }, r.phase)),
@@ -115,9 +127,11 @@
         el("td", {}, r.mode + " · " + r.routing),
         el("td", { class: "muted" }, r.message),
         timeCell(r.created));
-      row.addEventListener("click", () => { location.hash = "#/" + encodeURIComponent(r.namespace) + "/" + encodeURIComponent(r.name); });
-      return row;
-    }));
+      tbody.append(row); // in the list's order (moving a row keeps it)
+    }
+    for (const [key, row] of rows) {
+      if (!shown.has(key)) { row.remove(); rows.delete(key); }
+    }
   }
 
   function renderRelease(d) {

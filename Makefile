@@ -44,11 +44,15 @@ lock: venv
 	$(UV_COMPILE) --extra bench -c requirements-test.txt -o requirements-bench.txt
 
 # Debian's Prometheus for the metric gates; Go builds the control plane and Traefik; iproute2's `ip` makes
-# the pod network. Installed only when missing.
+# the pod network; Debian's chromium and its chromedriver open `kubectl gr dashboard` in e2e/test_dashboard.py.
+# Installed only when missing.
 system-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing Debian's prometheus"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium and chromium-driver"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; }
 	@command -v go >/dev/null 2>&1 || { echo "error: Go 1.26 or newer is needed to build the local cluster" >&2; exit 1; }
 	@command -v openssl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
 	@command -v ip >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; }

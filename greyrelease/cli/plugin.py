@@ -4,12 +4,15 @@
     kubectl gr abort|pause|resume|retry NAME       the greyrelease.io/ annotations the controller acts on
     kubectl gr promote NAME [--full]               approve the current batch (or skip to the end)
     kubectl gr plan -f FILE [--replicas N] [--start T]   the batches of a release and when each would start
+    kubectl gr dashboard [-n NS | -A] [--address A] [--port N]   a live web page of the releases, with the buttons
 
 Credentials are the user's, as kubectl would find them: ``--kubeconfig``, then ``$KUBECONFIG``, then
 ``~/.kube/config`` (``--context`` picks a context), and in-cluster credentials when there is no kubeconfig.
 The namespace is ``-n``, else the context's, else ``default``.
 
 What is shown is computed by :func:`render_status`, a pure function of the object, its events and ``now``.
+A request (abort, pause, resume, promote, retry) is written by :func:`steer`, for the commands and for the
+dashboard's buttons (:mod:`greyrelease.cli.dashboard`) alike.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from urllib3.exceptions import HTTPError
 
@@ -39,7 +43,9 @@ from greyrelease.api.release import (
     Obj,
     parse_time,
 )
+from greyrelease.kube.cache import Watchable
 from greyrelease.kube.client import ApiError, KubeClient, NotFound, path
+from greyrelease.kube.protocol import Kube
 
 BAR_WIDTH = 10
 EVENTS_SHOWN = 5
@@ -48,6 +54,8 @@ RESOURCE = f"{PLURAL}.{GROUP}"
 #: The annotations a user sets to steer a release, shown while they are pending.
 REQUESTS = (ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION)
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+#: Where ``kubectl gr dashboard`` listens by default (the port Argo Rollouts' dashboard uses too).
+DASHBOARD_PORT = 3100
 
 
 # --- rendering (pure) --------------------------------------------------------------------------------
@@ -100,14 +108,15 @@ def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip() for r in rows]
 
 
-def _event_time(event: Obj) -> str:
+def event_time(event: Obj) -> str:
+    """When the event last happened, as its best field gives it."""
     return event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or ""
 
 
 def _event_order(event: Obj) -> tuple[datetime, datetime]:
     # lastTimestamp has whole seconds; eventTime (kept to the microsecond) orders events of one second.
     never = datetime.min.replace(tzinfo=UTC)
-    return (parse_time(_event_time(event)) or never, parse_time(event.get("eventTime")) or never)
+    return (parse_time(event_time(event)) or never, parse_time(event.get("eventTime")) or never)
 
 
 def last_events(events: Sequence[Obj], n: int = EVENTS_SHOWN) -> list[Obj]:
@@ -245,7 +254,7 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
         for ev in shown:
             count = int(ev.get("count") or 1)
             message = str(ev.get("message") or "") + (f" (x{count})" if count > 1 else "")
-            rows.append((age(_event_time(ev), now), str(ev.get("type") or ""), str(ev.get("reason") or ""), message))
+            rows.append((age(event_time(ev), now), str(ev.get("type") or ""), str(ev.get("reason") or ""), message))
         lines.extend(_table(rows))
     return "\n".join(lines) + "\n"
 
@@ -255,7 +264,7 @@ def fingerprint(release: Obj, events: Sequence[Obj]) -> tuple[Any, ...]:
     meta = release.get("metadata") or {}
     return (
         meta.get("resourceVersion"),
-        tuple((e.get("metadata", {}).get("name"), e.get("count"), _event_time(e)) for e in last_events(events)),
+        tuple((e.get("metadata", {}).get("name"), e.get("count"), event_time(e)) for e in last_events(events)),
     )
 
 
@@ -296,10 +305,15 @@ def _client(cfg: Any) -> KubeClient:
     return client
 
 
+class Api(Kube, Watchable, Protocol):
+    """What the plugin asks of the API server: the :class:`Kube` calls, a plain request (a list with a field
+    selector) and a watch. :class:`KubeClient` speaks it to a cluster, and MemoryKube in the unit tests."""
+
+
 class Cluster:
     """The few calls the plugin makes, in one namespace."""
 
-    def __init__(self, kube: KubeClient, namespace: str) -> None:
+    def __init__(self, kube: Api, namespace: str) -> None:
         self.kube = kube
         self.namespace = namespace
 
@@ -390,16 +404,49 @@ def request_changes(command: str, release: Obj, now: datetime, *, full: bool = F
     return requests[command]
 
 
-def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
-    changes = request_changes(args.command, cluster.release(args.name), _now(), full=getattr(args, "full", False))
-    release = cluster.annotate(args.name, changes)
-    done = ", ".join(f"{k}={v}" if v is not None else f"{k}-" for k, v in changes.items())
-    print(f"{SINGULAR}.{GROUP}/{args.name} annotated ({done})", file=out)
+#: The steering commands, as :func:`steer` takes them (``promote`` with ``full`` for promote=full).
+STEERING = ("abort", "pause", "resume", "promote", "retry")
+
+
+@dataclass(frozen=True)
+class Steered:
+    """What :func:`steer` wrote, the release as the API server answered the write, and what to tell the user."""
+
+    name: str
+    changes: dict[str, str | None]
+    release: Obj
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> str:
+        """``greyrelease.greyrelease.io/web annotated (greyrelease.io/abort=true@...)``: kubectl's words."""
+        written = ", ".join(f"{k}={v}" if v is not None else f"{k}-" for k, v in self.changes.items())
+        return f"{SINGULAR}.{GROUP}/{self.name} annotated ({written})"
+
+
+def steer(cluster: Cluster, command: str, name: str, *, full: bool = False) -> Steered:
+    """Write the request ``command`` (one of :data:`STEERING`) on the release ``name``, as the user: its
+    annotations (:func:`request_changes`) in one merge patch. The API server's refusal (403 for a user who
+    may not patch GreyReleases, 404 for a release that is not there) is raised as its :class:`ApiError`,
+    and nothing is written then."""
+    if command not in STEERING:
+        raise ValueError(f"{command!r} is not one of {', '.join(STEERING)}")
+    changes = request_changes(command, cluster.release(name), _now(), full=full)
+    release = cluster.annotate(name, changes)
+    notes = []
     phase = (release.get("status") or {}).get("phase")
-    if args.command == "resume" and (release.get("spec") or {}).get("paused"):
-        print("note: spec.paused is true; the release stays paused until it is set to false", file=out)
-    if args.command == "retry" and phase not in ("Aborted", "Failed"):
-        print(f"note: retry restarts an Aborted or Failed release; this one is {phase or 'not started'}", file=out)
+    if command == "resume" and (release.get("spec") or {}).get("paused"):
+        notes.append("spec.paused is true; the release stays paused until it is set to false")
+    if command == "retry" and phase not in ("Aborted", "Failed"):
+        notes.append(f"retry restarts an Aborted or Failed release; this one is {phase or 'not started'}")
+    return Steered(name, changes, release, notes)
+
+
+def cmd_annotate(args: argparse.Namespace, cluster: Cluster, out: TextIO) -> int:
+    steered = steer(cluster, args.command, args.name, full=getattr(args, "full", False))
+    print(steered.done, file=out)
+    for note in steered.notes:
+        print(f"note: {note}", file=out)
     return 0
 
 
@@ -462,6 +509,20 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("-f", "--filename", "--file", dest="file", required=True, help="YAML file ('-' for stdin)")
     plan.add_argument("--replicas", type=int, help="replicas of the target (default: read from the cluster)")
     plan.add_argument("--start", help="when the release would be applied (RFC 3339; default: now)")
+    dashboard = sub.add_parser(
+        "dashboard",
+        parents=[common],
+        help="a live web page of the releases (and buttons to steer them), served here with your credentials",
+    )
+    dashboard.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the releases of every namespace (default: one)"
+    )
+    dashboard.add_argument(
+        "--address", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)"
+    )
+    dashboard.add_argument(
+        "--port", type=int, default=DASHBOARD_PORT, help=f"the port (default {DASHBOARD_PORT}; 0: any free port)"
+    )
     return parser
 
 
@@ -482,6 +543,10 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             return cmd_status(args, cluster, out)
         if args.command == "plan":
             return cmd_plan(args, cluster, out)
+        if args.command == "dashboard":
+            from greyrelease.cli.dashboard.server import cmd_dashboard
+
+            return cmd_dashboard(args, cluster, out)
         return cmd_annotate(args, cluster, out)
     except NotFound as err:
         print(f"Error from server (NotFound): {err.message}", file=sys.stderr)

@@ -11,10 +11,11 @@ passes on it exercises the same code paths as the controller does against a clus
 from __future__ import annotations
 
 import copy
-import itertools
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -219,20 +220,35 @@ class MemoryKube:
     A PATCH with ``dry_run`` is served as the API server serves ``dryRun=All``: patched and admitted as a
     real one (``admit`` included), answered with the object it would store, and nothing stored. It is
     logged as :attr:`DRY_RUN`, not as a write.
+
+    Lists and watches as a client of the API server makes them (:meth:`request` and :meth:`watch`, what a
+    :class:`~greyrelease.kube.cache.Reflector` needs): a GET of a collection answers with the items and the
+    collection's ``resourceVersion``, with ``labelSelector`` and ``fieldSelector`` (equality on dotted
+    fields) honoured; a watch from that version yields ``ADDED``, ``MODIFIED`` and ``DELETED`` events as the
+    writes are made. The changes are kept from the first list or watch on (the last :attr:`KEPT_CHANGES`); a
+    watch from a version older than that gets 410 Gone as its one event, as from an API server whose watch
+    cache has moved on. :meth:`end_watches` ends every open watch.
     """
 
     WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+    #: How many changes a watch can be served from.
+    KEPT_CHANGES = 10_000
     #: The verb a dry-run PATCH is logged with in ``requests`` (a dry run writes nothing).
     DRY_RUN = "PATCH dryRun"
 
     def __init__(self, *objects: Obj) -> None:
         self._lock = threading.RLock()
         self._objects: dict[Key, Obj] = {}
-        self._versions = itertools.count(1)
+        self._version = 0  # of the last write, as etcd's revision
         self.requests: list[tuple[str, Ref]] = []
         self.managers: list[tuple[Ref, str, str | None]] = []
         self.before: Callable[[str, Ref], None] | None = None
         self.admit: Callable[[Obj], Obj] | None = None
+        # Changes for watches (resourceVersion, event type, key, object), kept once a list or watch asked.
+        self._changes: deque[tuple[int, str, Key, Obj]] | None = None
+        self._kept_since = 0  # the first version whose change is kept
+        self._changed = threading.Condition(self._lock)
+        self._watch_epoch = 0  # bumped by end_watches
         for obj in objects:
             self.put(obj)
 
@@ -290,6 +306,9 @@ class MemoryKube:
                         obj["metadata"]["finalizers"] = rest
                     else:
                         del self._objects[key]
+                        gone = copy.deepcopy(obj)
+                        gone["metadata"]["resourceVersion"] = self._next_version()
+                        self._changed_to("DELETED", key, gone)
 
     # --- Kube ---------------------------------------------------------------------------------------
 
@@ -400,7 +419,8 @@ class MemoryKube:
                 finalizers.append("foregroundDeletion")
             if not finalizers:
                 gone = self._objects.pop(self._key(ref))
-                gone["metadata"]["resourceVersion"] = str(next(self._versions))  # the deletion's revision
+                gone["metadata"]["resourceVersion"] = self._next_version()  # the deletion's revision
+                self._changed_to("DELETED", self._key(ref), gone)
                 return copy.deepcopy(gone)
             if held["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(held)
@@ -452,8 +472,9 @@ class MemoryKube:
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             del self._objects[self._key(ref)]  # the last finalizer removed: the object goes
             out = copy.deepcopy(new)
-            out["metadata"]["resourceVersion"] = str(next(self._versions))
-            return out
+            out["metadata"]["resourceVersion"] = self._next_version()
+            self._changed_to("DELETED", self._key(ref), out)
+            return copy.deepcopy(out)
         return self._store(ref, new)
 
     def _store(self, ref: Ref, obj: Obj, *, dry_run: bool = False) -> Obj:
@@ -472,6 +493,129 @@ class MemoryKube:
         if dry_run:
             meta["resourceVersion"] = self._objects[self._key(ref)]["metadata"]["resourceVersion"]
             return copy.deepcopy(obj)
-        meta["resourceVersion"] = str(next(self._versions))
-        self._objects[self._key(ref)] = obj
+        meta["resourceVersion"] = self._next_version()
+        key = self._key(ref)
+        self._changed_to("MODIFIED" if key in self._objects else "ADDED", key, obj)
+        self._objects[key] = obj
         return copy.deepcopy(obj)
+
+    # --- lists and watches ------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        ref: Ref,
+        *,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> Obj:
+        """A GET as :class:`~greyrelease.kube.client.KubeClient` sends it: an object, or a collection as the
+        API server lists it (``items`` and the list's ``metadata.resourceVersion``), with the query's
+        ``labelSelector`` and ``fieldSelector``. Other methods go through :meth:`create`, :meth:`patch`,
+        :meth:`replace` and :meth:`delete`."""
+        if method != "GET":
+            raise ApiError(405, "MethodNotAllowed", f"MemoryKube.request serves GET only, not {method} {ref}")
+        if ref.name is not None:
+            found = self.get(ref)
+            if found is None:
+                raise NotFound(404, "NotFound", f'{ref.resource} "{ref.name}" not found')
+            return found
+        query = query or {}
+        self._serve("LIST", ref)
+        with self._lock:
+            self._keep_changes()
+            items = [
+                copy.deepcopy(o)
+                for k, o in sorted(self._objects.items())
+                if self._within(k, ref) and self._matches(o, query)
+            ]
+            version = self._current_version()
+        return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(version)}, "items": items}
+
+    def watch(
+        self,
+        ref: Ref,
+        *,
+        resource_version: str | None,
+        timeout_seconds: int = 290,
+        query: dict[str, str] | None = None,
+    ) -> Iterator[Obj]:
+        """The changes to the collection ``ref`` after ``resource_version`` (from now when None), as events
+        (``{"type": "ADDED" | "MODIFIED" | "DELETED", "object": ...}``), as they are made, until
+        ``timeout_seconds`` pass or :meth:`end_watches` is called. A version older than the changes kept
+        gets one ``ERROR`` event with code 410, as the API server answers a watch that is too old."""
+        self._serve("WATCH", ref)
+        query = query or {}
+        deadline = time.monotonic() + timeout_seconds
+        with self._lock:
+            self._keep_changes()
+            epoch = self._watch_epoch
+            since = int(resource_version) if resource_version else self._current_version()
+        while True:
+            with self._lock:
+                if since + 1 < self._kept_since:  # changes after `since` were dropped: too old
+                    yield {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+                    return
+                due = [c for c in self._changes or () if c[0] > since]
+                if not due:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or epoch != self._watch_epoch:
+                        return
+                    self._changed.wait(min(left, 1.0))
+                    if epoch != self._watch_epoch:
+                        return
+                    continue
+            for version, kind, key, obj in due:
+                since = version
+                if self._within(key, ref) and self._matches(obj, query):
+                    yield {"type": kind, "object": copy.deepcopy(obj)}
+
+    def end_watches(self) -> None:
+        """End every open watch (they return as when the server closes them)."""
+        with self._lock:
+            self._watch_epoch += 1
+            self._changed.notify_all()
+
+    def _keep_changes(self) -> None:
+        if self._changes is None:
+            self._changes = deque(maxlen=self.KEPT_CHANGES)
+            self._kept_since = self._current_version() + 1
+
+    def _current_version(self) -> int:
+        """The version of the last write."""
+        return self._version
+
+    def _next_version(self) -> str:
+        """A new version, for a write."""
+        self._version += 1
+        return str(self._version)
+
+    def _changed_to(self, kind: str, key: Key, obj: Obj) -> None:
+        """Keep a change for watches (once a list or a watch asked for them) and wake them."""
+        if self._changes is None:
+            return
+        version = int(obj["metadata"]["resourceVersion"])
+        if len(self._changes) == self._changes.maxlen:
+            self._kept_since = self._changes[1][0] if len(self._changes) > 1 else version
+        self._changes.append((version, kind, key, copy.deepcopy(obj)))
+        self._changed.notify_all()
+
+    @staticmethod
+    def _matches(obj: Obj, query: dict[str, str]) -> bool:
+        """Whether ``obj`` is selected by the query's ``labelSelector`` and ``fieldSelector``."""
+        if not selects(query.get("labelSelector"), (obj.get("metadata") or {}).get("labels") or {}):
+            return False
+        for term in (query.get("fieldSelector") or "").split(","):
+            term = term.strip()
+            if not term:
+                continue
+            negated = "!=" in term
+            field, want = term.split("!=" if negated else "=", 1)
+            value: Any = obj
+            for part in field.strip().lstrip("=").split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            have = "" if value is None else str(value)
+            if (have == want.lstrip("=").strip()) == negated:
+                return False
+        return True

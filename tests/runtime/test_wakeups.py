@@ -234,3 +234,25 @@ def test_the_body_kopf_keeps_for_a_release_is_the_stored_one_without_managed_fie
     rt = asyncio.run(run())
     assert "managedFields" not in body["metadata"]  # dropped in place, from the dict kopf holds
     assert rt.releases._objects["shop", "web"][1] is body  # and the store holds that dict, not a second copy
+
+
+def test_a_pass_that_met_a_conflict_is_planned_again_at_once_twice_then_backs_off() -> None:
+    """A 409 is cured by reading again, not by waiting: the first two retries after one go at once."""
+    from greyrelease.kube.protocol import Conflict
+
+    kube = MemoryKube()
+    refuse(kube, lambda: Conflict(409, "Conflict", "the object has been modified"), times=4)
+    slept: list[float] = []
+
+    async def sleep(wake: asyncio.Event, seconds: float) -> None:
+        slept.append(seconds)
+
+    async def run() -> None:
+        rt = Runtime(kube, tuning=Tuning(threads=2))
+        try:
+            await asyncio.wait_for(rt.run_release("shop", "web", lambda: False, sleep), 5)
+        finally:
+            rt.stop()
+
+    asyncio.run(run())
+    assert slept == [0, 0, 4, 8]  # the attempts count on: the third conflict in a row waits as a third failure

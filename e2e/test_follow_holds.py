@@ -117,8 +117,7 @@ def test_a_freeze_keeps_a_commit_held_until_it_is_lifted_then_releases_it(
             held_after = time.monotonic() - committed
             waiting = reads.wait_phase({"Waiting"}, 30)
             # Three applies of Git later: still held, nothing of v2 runs, Git in sync.
-            first = gitops.next_apply(after=time.monotonic())
-            for _ in range(2):
+            for _ in range(3):
                 gitops.next_apply(after=time.monotonic())
             d = reads.deployment()
             assert d is not None and d["spec"].get("paused") is True, d and d["spec"]
@@ -134,6 +133,7 @@ def test_a_freeze_keeps_a_commit_held_until_it_is_lifted_then_releases_it(
             # The freeze lifted: the release starts, and ends as any other.
             cluster.kubectl("delete", "greyreleasepolicy", name)
             lifted = time.monotonic()
+            applies = len([a for a in gitops.applies if committed <= a.started < lifted])
             started = reads.wait_status(lambda s: (s.get("currentBatch") or 0) >= 1, 60, "batch 1 started")
             start_after = time.monotonic() - lifted
             done = reads.wait_phase({"Succeeded"}, 120)
@@ -147,8 +147,8 @@ def test_a_freeze_keeps_a_commit_held_until_it_is_lifted_then_releases_it(
         f"\nfreeze: template {digest} (v2) held {held_after:.2f}s after the commit; Waiting: {waiting.get('message')}"
     )
     print(
-        f"  held for {frozen_for:.1f}s (through {len([a for a in gitops.applies if a.started >= first.started])}+ "
-        f"applies of Git, in sync), no ReplicaSet of v2, no canary, the pods unchanged; the freeze lifted: batch 1 "
+        f"  held for {frozen_for:.1f}s (through {applies} applies of Git, in sync), no ReplicaSet of v2, no "
+        f"canary, the pods unchanged; the freeze lifted: batch 1 "
         f"{start_after:.2f}s later, Succeeded {done_after:.1f}s later"
     )
     assert "freeze 'e2e freeze' of GreyReleasePolicy" in str(waiting.get("message")), waiting.get("message")

@@ -14,7 +14,10 @@ log by its user agent (e2e/harness/reliability.py); the HPA's writes are emulate
   batches, no drift, promotion as the hold released, the native rollout with the canary keeping its traffic,
   the Deployment equal to Git afterwards, and the controller's writes to the Deployment (only its label and
   the hold's release);
-- an HPA resizing the stable mid-batch: the canary follows, nothing writes the stable's replicas back;
+- the same under Argo CD's client-side apply, with the traffic split by replicas (Service mode), so that the
+  release writes no field Git declares: no ignore rule, the route in Git and never written by the release;
+- an HPA resizing the stable mid-batch, then during the promotion while the Deployment controller rolls the
+  template: the canary follows, nothing writes the stable's replicas back;
 - a bad template rolled back by a gate on the proxy's error rate (``Failed``, as a gate ends a release): the
   Deployment left held, ``Stalled``, no drift; then a revert in Git ends it ``Reverted`` without restarting a
   pod;

@@ -841,9 +841,13 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
     scale_writes = [
         r for r in audited_requests(cluster, namespace, since=since) if r.resource == "deployments" and r.subresource
     ]
-    assert [(r.verb, r.subresource, r.field_manager) for r in scale_writes] == [
+    # Every write the HPA's: five that went through, and any refused with 409 (the Deployment written between
+    # its GET and its PUT, as during a rollout: it tried again from a new GET, as the HPA does).
+    assert {(r.verb, r.subresource, r.field_manager) for r in scale_writes} == {
         ("update", "scale", HPA_FIELD_MANAGER)
-    ] * 5, [str(r) for r in scale_writes]
+    }, [str(r) for r in scale_writes]
+    assert [r.code for r in scale_writes if r.code >= 300] == [409] * hpa.conflicts, [str(r) for r in scale_writes]
+    assert len([r for r in scale_writes if r.code < 300]) == 5, [str(r) for r in scale_writes]
     replicas_in_body = [
         str(w)
         for w in audited_writes(cluster, namespace=namespace, agents=(), since=since)
@@ -864,7 +868,7 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
         + "; promoting: "
         + "; ".join(f"stable -> {s}: canary -> {s} {t:.2f}s after the /scale write ({then})" for s, t, then in rolling)
         + f"; Succeeded at the HPA's size (4 on v2). Writes of deployments/web/scale: {len(scale_writes)}, all the "
-        f"HPA's; no other write names spec.replicas. {audit}"
+        f"HPA's ({hpa.conflicts} refused with 409 and made again); no other write names spec.replicas. {audit}"
     )
 
 

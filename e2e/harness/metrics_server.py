@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.controlplane import KubectlError, LocalCluster
-from e2e.harness.process import Process, free_port, wait_until
+from e2e.harness.process import Process, ProcessDied, free_port, wait_until
 
 APISERVICE = "v1beta1.metrics.k8s.io"
 SERVICE = "metrics-server"
@@ -78,11 +78,23 @@ class MetricsServer:
     def start(self, timeout: float = 60.0) -> float:
         """Starts it and registers it; returns once the API server answers a request for pod metrics through it
         (the aggregation layer, metrics-server's authentication of it, its authorization), in seconds. (A node
-        without pods has no complete metrics: KWOK's are its pods' sums.)"""
+        without pods has no complete metrics: KWOK's are its pods' sums.) Started again on another port when
+        another process took its port between the pick and its bind."""
         binary = self.cluster.bin / "metrics-server"
         if not binary.is_file():
             raise RuntimeError(f"missing {binary}: run e2e/build/build.sh first")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        for attempt in range(3):
+            try:
+                self._start_once(binary, timeout)
+                break
+            except ProcessDied as exc:
+                if not exc.port_in_use or attempt == 2:
+                    raise
+        return time.monotonic() - started
+
+    def _start_once(self, binary: Path, timeout: float) -> None:
         self.port = free_port()
         kubeconfig = str(self.cluster.kubeconfig)  # the admin's: its own RBAC is not what a test looks at
         self.process = Process(
@@ -104,7 +116,6 @@ class MetricsServer:
             ],
             log=self.workdir / "metrics-server.log",
         )
-        started = time.monotonic()
         self.process.start()
         self.cluster.kubectl("apply", "-f", "-", input=_registration(self.port))
 
@@ -118,7 +129,6 @@ class MetricsServer:
             wait_until(served, timeout, "metrics-server serving pod metrics through the API server", 0.5)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n--- metrics-server log ---\n{self.logs()}") from None
-        return time.monotonic() - started
 
     def process_alive(self) -> None:
         assert self.process is not None

@@ -14,6 +14,9 @@
   (Traefik's /metrics), `.parent_ref` (an HTTPRoute parentRef to the Gateway), `.serving_gate` (the
   readiness gate a pod template lists so its pods become Ready only once they answer; `answering_app()` in
   e2e/harness/dataplane.py writes such a Deployment and its Service).
+- `metrics_server` (session): metrics-server behind the API server's aggregation layer, scraping KWOK's
+  simulated kubelets (e2e/harness/metrics_server.py), started only for sessions with a test that asks for it;
+  needs the local cluster.
 - `namespace` (function): a fresh namespace, deleted after the test.
 - `crd` (session): the CRDs that ship (crds/: GreyRelease and GreyReleasePolicy), applied and Established.
 - `controller` (function): `greyrelease run` as its own process watching `namespace` (e2e/harness/controller.py);
@@ -32,6 +35,7 @@ import pytest
 from e2e.harness.controller import CRD, POLICY_CRD, Controller, drop_releases
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, install_gateway_api_crds
+from e2e.harness.metrics_server import MetricsServer
 from e2e.harness.process import new_workdir, sweep_stale_workdirs
 from e2e.harness.prometheus import PrometheusStack, find_prometheus
 
@@ -83,6 +87,23 @@ def dataplane(cluster: Cluster, prometheus: PrometheusStack, gateway_api_crds: l
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def metrics_server(cluster: Cluster) -> Iterator[MetricsServer]:
+    if not isinstance(cluster, LocalCluster):
+        pytest.skip("metrics-server scrapes the local cluster's simulated kubelets; KUBECONFIG reaches another one")
+    server = MetricsServer(cluster, cluster.workdir / "metrics-server")
+    try:
+        took = server.start()
+    except (RuntimeError, TimeoutError) as exc:
+        server.stop()
+        pytest.fail(f"metrics-server did not start: {exc}")
+    print(f"\nmetrics-server serving metrics.k8s.io in {took:.1f}s")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

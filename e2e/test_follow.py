@@ -14,7 +14,10 @@ log by its user agent (e2e/harness/reliability.py); the HPA's writes are emulate
   batches, no drift, promotion as the hold released, the native rollout with the canary keeping its traffic,
   the Deployment equal to Git afterwards, and the controller's writes to the Deployment (only its label and
   the hold's release);
-- an HPA resizing the stable mid-batch: the canary follows, nothing writes the stable's replicas back;
+- the same under Argo CD's client-side apply, with the traffic split by replicas (Service mode), so that the
+  release writes no field Git declares: no ignore rule, the route in Git and never written by the release;
+- an HPA resizing the stable mid-batch, then during the promotion while the Deployment controller rolls the
+  template: the canary follows, nothing writes the stable's replicas back;
 - a bad template rolled back by a gate on the proxy's error rate (``Failed``, as a gate ends a release): the
   Deployment left held, ``Stalled``, no drift; then a revert in Git ends it ``Reverted`` without restarting a
   pod;
@@ -50,7 +53,7 @@ from e2e.harness.controller import Controller, drop_releases, gr, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
 from e2e.harness.dataplane import DataPlane, answering_app
 from e2e.harness.follow import git_route, git_service, ignore_rules
-from e2e.harness.gitops import ARGOCD, FLUX, GitOps, Tool, audited_requests
+from e2e.harness.gitops import ARGOCD, ARGOCD_CLIENT_SIDE, FLUX, GitOps, Tool, audited_requests
 from e2e.harness.hpa import HPA, HPA_FIELD_MANAGER
 from e2e.harness.load import Load, Record, last, percentile, summarise
 from e2e.harness.process import free_port
@@ -244,6 +247,14 @@ def git_deployment(tag: str, *, replicas: int | None, serving: bool = True) -> d
         del d["spec"]["replicas"]
     if not serving:
         del d["spec"]["template"]["spec"]["readinessGates"]
+    return d
+
+
+def slow_rollout(d: dict[str, Any], seconds: int = 3) -> dict[str, Any]:
+    """The Deployment rolled one pod at a time, each new pod available ``seconds`` after it is ready: a rollout
+    of a few pods lasts long enough to act during it."""
+    d["spec"]["minReadySeconds"] = seconds
+    d["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     return d
 
 
@@ -448,10 +459,12 @@ def follow_release(routing: dict[str, Any] | None, batches: list[dict[str, Any]]
     return gr("web", targetRef={"name": "web"}, batches=batches, progressDeadlineSeconds=180, **extra, **spec)
 
 
-# Server-side apply as Argo CD and as Flux. Not Argo CD's client-side apply: kubectl's three-way merge cannot
-# be made conditional on the resourceVersion the ignored fields were read at (it would be kept in the
-# last-applied annotation), so the emulator's apply every two seconds can put back rules it read just before
-# the release wrote new ones, and did: a run ended with the route's rules as they were just before the reset.
+# Server-side apply as Argo CD and as Flux, with the route's rules under ignore rules. Argo CD's client-side apply
+# is the next test: kubectl's three-way merge cannot be made conditional on the resourceVersion the ignored
+# fields were read at (it would be kept in the last-applied annotation), so an apply every two seconds of a
+# route whose rules the release writes can put back rules it read just before the release wrote new ones, and
+# did: a run ended with the route's rules as they were just before the reset. Its users keep the traffic split
+# out of what Git declares.
 TOOLS = [ARGOCD, FLUX]
 
 
@@ -602,6 +615,122 @@ def test_a_commit_is_released_in_batches_under_gitops_and_load(
     assert s.rate_kept(0.05), f"the load kept {s.rate:.1f} req/s"
 
 
+# --- 1b: Argo CD's client-side apply, the traffic split by replicas ----------------------------------------------
+
+# The pods' share in Service mode: ceil(share x 4) canary pods beside the stable's 4 (canary / (stable + canary)).
+SHARE_BATCHES = [
+    {"replicas": "25%", "pause": "3s"},
+    {"replicas": "50%", "pause": "3s"},
+    {"replicas": "100%", "pause": "3s"},
+]
+
+
+def test_a_commit_is_released_under_client_side_apply_with_the_traffic_split_by_replicas(
+    local_cluster: LocalCluster, dataplane: DataPlane, namespace: str, follower: Controller, tmp_path: Path
+) -> None:
+    """Argo CD's default sync, a client-side ``kubectl apply`` (three-way merge with the last-applied
+    annotation), every two seconds. Git holds the Deployment, its Service, an HTTPRoute to that Service and the
+    GreyRelease, and no ignore rule: the release splits the traffic by replicas (Service mode), so it writes no
+    field Git declares: nothing of the route, and of the Service only a selector key on a rollback, which a
+    client-side apply leaves alone (it removes only what its last-applied annotation lists)."""
+    cluster, replicas = local_cluster, 4
+    host = f"web.{namespace}.example"
+    gitops = GitOps(cluster, namespace, tmp_path / "repo", ARGOCD_CLIENT_SIDE)
+    gitops.commit(git_deployment("v1", replicas=replicas))
+    gitops.commit(git_service("web"))
+    gitops.commit(git_route(host, "web", dataplane.parent_ref))
+    gitops.commit(follow_release({"service": {"name": "web"}}, SHARE_BATCHES))
+    since = datetime.now(UTC)
+    scene = Scene(cluster, namespace)
+    batches: list[tuple[int, float, int, int, int]] = []  # batch, seconds after the commit, canary, stable, weight
+    drifts: list[float] = []
+    try:
+        set_up(cluster, namespace, gitops, scene, replicas=replicas, host=host, load=dataplane)
+        route_before = scene.routes.get("web") if scene.routes else None
+        assert route_before is not None
+        with gitops.self_heal(), Load(dataplane.gateway_url, RATE, host=host) as load:
+            time.sleep(2)
+            committed = time.time()
+            gitops.commit(git_deployment("v2", replicas=replicas))
+            digest = assert_held(scene, "v2")["metadata"]["annotations"][HELD_ANNOTATION]
+            for k, step in enumerate(SHARE_BATCHES, start=1):
+
+                def live_or_past(st: dict[str, Any], k: int = k) -> bool:
+                    live = st.get("currentBatch") == k and bool((st.get("batchTimes") or {}).get("readyAt"))
+                    return live or st.get("phase") in ("Promoting", "Succeeded", "Failed", "Aborted")
+
+                st = scene.wait_status(live_or_past, 120, f"batch {k} live")
+                assert st.get("currentBatch") == k and st.get("phase") == "Progressing", st
+                drift = gitops.drift()
+                assert drift.in_sync, f"batch {k}: drift\n{drift.diff}"
+                drifts.append(drift.seconds)
+                want = math.ceil(int(str(step["replicas"]).rstrip("%")) / 100 * replicas)
+                canary, d = scene.deployment("web-canary"), scene.deployment()
+                assert canary["spec"]["replicas"] == want and d["spec"]["replicas"] == replicas, (k, st)
+                assert d["spec"].get("paused") is True and st.get("canaryWeight") == round(
+                    100 * want / (want + replicas)
+                )
+                batches.append((k, time.time() - committed, want, replicas, int(st["canaryWeight"])))
+            scene.wait_phase({"Succeeded"}, 180)
+            succeeded = time.time()
+            scene.deployments.wait(lambda: scene.deployments.get("web-canary") is None, 60, "the canary deleted")
+            wait_for(lambda: not scene.app_pods(canary=True), 60, "no canary pod left")
+            time.sleep(GRACE_SECONDS + 2)  # the last canary pod has stopped answering
+        records = load.records
+    finally:
+        scene.stop()
+
+    st = scene.status()
+    assert st["phase"] == "Succeeded" and st["lastRelease"]["digest"] == digest, st
+    final_drift = gitops.drift()
+    assert final_drift.in_sync, final_drift.diff
+    assert_equal_to_git(cluster, namespace, gitops)
+    assert not gitops.refused(), [str(a) for a in gitops.refused()]
+    route_writes = [
+        str(r)
+        for r in audited_requests(cluster, namespace, since=since)
+        if r.resource == "httproutes" and r.agent.startswith(CONTROLLER_AGENTS)
+    ]
+    assert not route_writes, route_writes  # the split is the pods': the route is Git's alone
+    assert scene.routes is not None and (scene.routes.get("web") or {}).get("spec") == route_before["spec"]
+
+    s = summarise(records, committed - 2, records[-1].sent, asked_rate=RATE)
+    released = since_when(
+        [c for c in scene.deployments.changes if c[2]["metadata"]["name"] == "web" and c[0] > committed],
+        lambda o: "paused" not in o["spec"],
+    )
+    assert released, "the hold was never released"
+    all_v2, late = no_old_answer_after_all_new(records, V1, released)
+    shares = []
+    for k, at, pods, stable, weight in batches:
+        # The batch's pause (3 s) from when it was seen live: the next batch's canary pods come after it.
+        start = committed + at
+        chosen = [r for r in records if start <= r.sent < start + 3 and r.image]
+        got = sum(1 for r in chosen if r.image == image("v2")) / max(len(chosen), 1)
+        shares.append((k, pods, stable, weight, got, len(chosen)))
+    audit = check_controller_writes(cluster, namespace, since, {digest})
+    print(f"\nargocd-client-side: template {digest} (v2), Succeeded {succeeded - committed:.1f}s after the commit")
+    for k, pods, stable, weight, got, n in shares:
+        print(f"  batch {k}: canary {pods} pods beside {stable}, weight {weight}%; v2 answered {got:.1%} of {n}")
+    print(
+        f"  hold released {released - committed:.1f}s after the commit; v2 alone from "
+        f"{(all_v2 or 0) - released:+.2f}s after it; v1 answers after that: {len(late)}"
+    )
+    print(
+        f"  load: {s.sent} requests at {s.rate:.1f}/s, {len(s.failed)} failed; GitOps: "
+        f"{len([a for a in gitops.applies if a.at >= datetime.fromtimestamp(committed, UTC)])} client-side applies "
+        f"since the commit, none refused; kubectl diff in sync at every batch ({min(drifts):.2f}-{max(drifts):.2f}s) "
+        f"and at the end; no controller write to the route"
+    )
+    print(f"  {audit}")
+    assert s.failed == [], f"{len(s.failed)} failed requests:\n{describe(s.failed, committed)}"
+    assert all_v2 is not None and not late, f"v1 answered after v2 had all the traffic:\n{describe(late, committed)}"
+    for k, _, _, weight, got, n in shares:
+        # Traefik spreads requests over the pods' endpoints: the share is the pods', within a generous margin.
+        assert n > 50 and abs(got * 100 - weight) < 20, (k, weight, got, n)
+    assert s.rate_kept(0.05), f"the load kept {s.rate:.1f} req/s"
+
+
 # --- 3: the HPA resizes the stable mid-batch ------------------------------------------------------------------
 
 
@@ -612,13 +741,14 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
     share = 0.5
     hpa = HPA(cluster, namespace, "web")
     gitops = GitOps(cluster, namespace, tmp_path / "repo", FLUX)
-    gitops.commit(git_deployment("v1", replicas=None, serving=False))  # no replicas in Git: the HPA owns them
+    gitops.commit(slow_rollout(git_deployment("v1", replicas=None, serving=False)))  # no replicas: the HPA's
     gitops.commit(
         follow_release(None, [{"replicas": f"{share:.0%}", "pause": "manual"}, {"replicas": "100%", "pause": "manual"}])
     )
     since = datetime.now(UTC)
     scene = Scene(cluster, namespace, routes=False)
     resized: list[tuple[int, int, float, dict[str, Any]]] = []  # stable, canary, seconds, status then
+    rolling: list[tuple[int, float, str]] = []  # during the promotion: stable, seconds, the rollout then
 
     def canary_at(n: int) -> dict[str, Any] | None:
         c = scene.deployments.get("web-canary")
@@ -637,7 +767,7 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
         cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s")
         v1_uids = pod_uids(scene)
         with gitops.self_heal():
-            gitops.commit(git_deployment("v2", replicas=None, serving=False))
+            gitops.commit(slow_rollout(git_deployment("v2", replicas=None, serving=False)))
             digest = assert_held(scene, "v2")["metadata"]["annotations"][HELD_ANNOTATION]
             scene.wait_status(lambda st: st.get("batchState") == "WaitingForApproval", 90, "batch 1 live")
             scene.deployments.wait(lambda: canary_ready(2), 30, "the canary at 2 of 4")
@@ -674,6 +804,27 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
             )
             scene.deployments.wait(lambda: canary_ready(3), 60, "the canary at 100 % of 3")
             cluster.kubectl("annotate", "gr", "web", "-n", namespace, "--overwrite", "greyrelease.io/promote=2")
+
+            # The promotion: the hold released, the Deployment controller rolls v2 one pod at a time (maxSurge 1,
+            # maxUnavailable 0, each new pod available after 3 s); the HPA resizes the stable meanwhile, and the
+            # canary, at the share of its last batch (100 %), follows while the old ReplicaSet still has pods.
+            scene.wait_phase({"Promoting"}, 60)
+            for stable in (5, 4):
+                write = hpa.scale_to(stable)
+                assert write.wrote and write.ok
+                wrote_at = write.at.timestamp() + write.seconds
+                scene.deployments.wait(partial(canary_at, stable), 30, f"the canary resized to {stable} while rolling")
+                took = time.time() - wrote_at
+                d = scene.deployment()
+                old = sum(
+                    int(r["status"].get("replicas") or 0)
+                    for r in scene.stable_replicasets()
+                    if first_image(r["spec"]["template"]) == V1
+                )
+                st = scene.status()
+                assert st.get("phase") == "Promoting" and old > 0, (st.get("phase"), old)  # still rolling
+                assert "paused" not in d["spec"] and d["spec"]["replicas"] == stable, d["spec"]
+                rolling.append((stable, took, f"{d['status'].get('updatedReplicas')} of {stable} on v2, {old} on v1"))
             scene.wait_phase({"Succeeded"}, 120)
             scene.deployments.wait(lambda: scene.deployments.get("web-canary") is None, 60, "the canary deleted")
             final_drift = gitops.drift()
@@ -681,7 +832,7 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
         scene.stop()
     assert final_drift.in_sync, final_drift.diff
     d = json.loads(cluster.kubectl("get", "deployment", "web", "-n", namespace, "-o", "json").stdout)
-    assert d["spec"]["replicas"] == 3 and first_image(d) == image("v2") and "paused" not in d["spec"]
+    assert d["spec"]["replicas"] == 4 and first_image(d) == image("v2") and "paused" not in d["spec"]
     assert_equal_to_git(cluster, namespace, gitops)
     assert not gitops.refused(), [str(a) for a in gitops.refused()]
 
@@ -690,9 +841,13 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
     scale_writes = [
         r for r in audited_requests(cluster, namespace, since=since) if r.resource == "deployments" and r.subresource
     ]
-    assert [(r.verb, r.subresource, r.field_manager) for r in scale_writes] == [
+    # Every write the HPA's: five that went through, and any refused with 409 (the Deployment written between
+    # its GET and its PUT, as during a rollout: it tried again from a new GET, as the HPA does).
+    assert {(r.verb, r.subresource, r.field_manager) for r in scale_writes} == {
         ("update", "scale", HPA_FIELD_MANAGER)
-    ] * 3, [str(r) for r in scale_writes]
+    }, [str(r) for r in scale_writes]
+    assert [r.code for r in scale_writes if r.code >= 300] == [409] * hpa.conflicts, [str(r) for r in scale_writes]
+    assert len([r for r in scale_writes if r.code < 300]) == 5, [str(r) for r in scale_writes]
     replicas_in_body = [
         str(w)
         for w in audited_writes(cluster, namespace=namespace, agents=(), since=since)
@@ -710,8 +865,10 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
             f"{st.get('stableReplicas')} + {st.get('canaryReplicas')}"
             for s, c, t, st in resized
         )
-        + f"; promoted at the HPA's size (3 on v2). Writes of deployments/web/scale: {len(scale_writes)}, all the "
-        f"HPA's; no other write names spec.replicas. {audit}"
+        + "; promoting: "
+        + "; ".join(f"stable -> {s}: canary -> {s} {t:.2f}s after the /scale write ({then})" for s, t, then in rolling)
+        + f"; Succeeded at the HPA's size (4 on v2). Writes of deployments/web/scale: {len(scale_writes)}, all the "
+        f"HPA's ({hpa.conflicts} refused with 409 and made again); no other write names spec.replicas. {audit}"
     )
 
 

@@ -371,7 +371,9 @@ def test_a_new_template_committed_mid_release_supersedes_it(env: Env) -> None:
     last = st.get("lastRelease") or {}
     assert (last.get("outcome"), last.get("digest")) == ("Superseded", first), last
     superseded = env.events("GreyRelease", "Superseded")
-    assert len(superseded) == 1 and first in superseded[0]["message"], [event_line(e) for e in superseded]
+    # Each template named by its images and the first digits of its digest, as every message names them.
+    named = f"{image('v5')} (template {second[:8]}) superseded {image('v4')} (template {first[:8]})"
+    assert len(superseded) == 1 and named in superseded[0]["message"], [event_line(e) for e in superseded]
     assert not st.get("approvals"), st.get("approvals")
     d = env.reads.deployment()
     assert d is not None and d["spec"].get("paused") is True and d["metadata"]["annotations"][HELD_ANNOTATION] == second

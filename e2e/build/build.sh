@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from Go modules into a versioned cache outside the repository:
 #   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd, kwok, and the data
-#   plane's proxy, traefik (github.com/traefik/traefik/v3).
+#   plane's proxy, traefik (github.com/traefik/traefik/v3), and metrics-server (sigs.k8s.io/metrics-server).
 # Idempotent: when every binary is present and answers --version, it returns at once.
 set -euo pipefail
 
@@ -18,7 +18,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 have() {
   [ -x "$BIN/$1" ] || return 1
-  if [ "$1" = traefik ]; then "$BIN/traefik" version 2>/dev/null | grep -q "v$TRAEFIK_VERSION\$"; return; fi
+  # The output is read whole before grep: `grep -q` quitting at the first line would leave the writer a SIGPIPE,
+  # and pipefail would take that for a missing binary (and build it again).
+  if [ "$1" = traefik ]; then grep -q "v$TRAEFIK_VERSION\$" <<<"$("$BIN/traefik" version 2>/dev/null)"; return; fi
   "$BIN/$1" --version >/dev/null 2>&1
 }
 
@@ -70,6 +72,33 @@ build_argo() (
   echo "rollouts-controller ready in $BIN, its CRDs in $ARGO_CRDS"
 )
 
+# --- metrics-server, for the tests with a real HorizontalPodAutoscaler ------------------------------------
+# A program, built from its Go module through the wrapper module e2e/build/metrics-server (committed with its
+# go.sum: `go get -tool` records it there). Not started with the cluster: the `metrics_server` fixture of
+# e2e/conftest.py starts it for the tests that ask for it. Built when missing, like the cluster's binaries.
+METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-0.8.0}
+
+have_metrics_server() {
+  [ -x "$BIN/metrics-server" ] && grep -q "v$METRICS_SERVER_VERSION\$" <<<"$("$BIN/metrics-server" --version 2>/dev/null)"
+}
+
+build_metrics_server() (
+  have_metrics_server && return 0
+  local mod="$HERE/metrics-server" pkg=sigs.k8s.io/metrics-server/cmd/metrics-server
+  mkdir -p "$BIN" "$mod"
+  if ! grep -q "sigs.k8s.io/metrics-server v$METRICS_SERVER_VERSION" "$mod/go.mod" 2>/dev/null; then
+    echo "generating $mod/go.mod for metrics-server v$METRICS_SERVER_VERSION"
+    rm -f "$mod/go.mod" "$mod/go.sum"
+    (cd "$mod" && go mod init greyrelease.io/e2e/metrics-server >/dev/null 2>&1)
+    (cd "$mod" && go get -tool "$pkg@v$METRICS_SERVER_VERSION")
+  fi
+  echo "building metrics-server v$METRICS_SERVER_VERSION"
+  # Its version is client-go's, set at link time as its own Makefile does.
+  (cd "$mod" && go build -trimpath \
+     -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=v$METRICS_SERVER_VERSION" \
+     -o "$BIN/metrics-server" "$pkg")
+)
+
 if [ "${1:-}" = argo ]; then build_argo; exit; fi
 WANT_ARGO=${GREYRELEASE_BUILD_ARGO:-0}  # 1: the cluster binaries, then rollouts-controller
 
@@ -106,7 +135,7 @@ build_chart_tools() (
 build_chart_tools
 
 if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have etcd && have kwok && have traefik &&
-   have_crds; then
+   have_crds && have_metrics_server; then
   echo "cluster binaries present in $BIN"
   if [ "$WANT_ARGO" = 1 ]; then build_argo; fi
   exit 0
@@ -231,5 +260,6 @@ build_kwok
 build_kube
 build_traefik
 fetch_gateway_api_crds
+build_metrics_server
 echo "cluster binaries ready in $BIN, Gateway API CRDs in $CRDS"
 if [ "$WANT_ARGO" = 1 ]; then build_argo; fi

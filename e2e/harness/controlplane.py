@@ -518,6 +518,8 @@ class LocalCluster(Cluster):
                 # The defaults (20 qps) make a 30-replica rollout crawl; this is a one-tenant test cluster.
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                # A HorizontalPodAutoscaler (only the tests that create one have any) looks every 5 s, not 15 s.
+                "--horizontal-pod-autoscaler-sync-period=5s",
                 "--profiling=false",
                 "--v=0",
             ],
@@ -561,7 +563,9 @@ class LocalCluster(Cluster):
                 f"--kubeconfig={self._component_kubeconfig('kwok')}",
                 "--manage-all-nodes=true",
                 f"--cidr={self.pod_cidr}",
-                "--node-ip=10.240.0.10",
+                # The nodes' InternalIP: where metrics-server (e2e/harness/metrics_server.py) scrapes a node's
+                # resource metrics, which KWOK serves on its server port (also the pods' hostIP, which nothing reads).
+                "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{self.ports['kwok']}",
                 *[arg for stage in KWOK_STAGES for arg in ("-c", str(stage))],
             ],
@@ -593,7 +597,13 @@ class LocalCluster(Cluster):
                         "kubernetes.io/arch": "amd64",
                         "type": "kwok",
                     },
-                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "annotations": {
+                        "kwok.x-k8s.io/node": "fake",
+                        "node.alpha.kubernetes.io/ttl": "0",
+                        # Where KWOK serves this node's resource metrics (e2e/kwok/metrics.yaml): metrics-server
+                        # reads this path instead of the kubelet's /metrics/resource.
+                        "metrics.k8s.io/resource-metrics-path": f"/metrics/nodes/{name}/metrics/resource",
+                    },
                 },
             }
             code, resp = self._api("POST", "/api/v1/nodes", node)
@@ -656,18 +666,23 @@ class LocalCluster(Cluster):
 
 
 AUDIT_QUIET_USERS = ("kwok-controller", "system:kube-scheduler", "system:kube-controller-manager")
+#: The HPA controller's account (kube-controller-manager runs each controller as its own): its writes, few and
+#: only where a HorizontalPodAutoscaler exists, are audited although its group is not.
+HPA_CONTROLLER_USER = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
 
 
 def write_audit_policy(path: Path) -> Path:
     """An audit policy for the local API server: every write (create, update, patch, delete) with its
     request body, except those of the simulated kubelets (KWOK), the scheduler and the controller-manager's
-    controllers, which are many and never what a test asks about. Reads are not logged."""
+    controllers, which are many and never what a test asks about, but for the HPA controller's (who scales a
+    Deployment is what a test asks). Reads are not logged."""
     policy = {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived"],
         "rules": [
             {"level": "None", "users": list(AUDIT_QUIET_USERS)},
+            {"level": "Request", "users": [HPA_CONTROLLER_USER], "verbs": ["create", "update", "patch", "delete"]},
             {"level": "None", "userGroups": ["system:serviceaccounts:kube-system", "system:nodes"]},
             {"level": "None", "verbs": ["get", "list", "watch"]},
             {"level": "None", "nonResourceURLs": ["/*"]},

@@ -11,7 +11,9 @@ e2e/harness/gitops.py), the controller run from a terminal with its admission we
   template of the enrolled Deployment;
 - :func:`wait_held`: the Deployment as the webhook leaves a new template (paused, the digest annotation, no
   ReplicaSet of it);
-- :func:`kubectl_gr`: the ``kubectl gr`` plugin, found on PATH as a user has it.
+- :func:`kubectl_gr`: the ``kubectl gr`` plugin, found on PATH as a user has it;
+- :func:`check_deployment_writes`: the controller's writes to the Deployment, read back from the audit log:
+  its enrolment label and the hold's release, nothing else.
 """
 
 from __future__ import annotations
@@ -22,18 +24,22 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from greyrelease.admission import CONFIGURATION_NAME, HELD_ANNOTATION, template_digest
+from greyrelease.admission import CONFIGURATION_NAME, FIELD_MANAGER, HELD_ANNOTATION, release_patch, template_digest
+from greyrelease.api.release import RELEASE_LABEL
 
 from e2e.harness.controller import Controller, drop_releases, gr, wait_for
-from e2e.harness.controlplane import Cluster
+from e2e.harness.controlplane import Cluster, LocalCluster
 from e2e.harness.dataplane import answering_app
-from e2e.harness.gitops import GitOps, Ignore
+from e2e.harness.gitops import GitOps, Ignore, audited_requests
 from e2e.harness.observe import Reads, first_image
 from e2e.harness.process import free_port
+from e2e.harness.reliability import CONTROLLER_AGENTS, audited_writes
 
 IMAGE = "registry.example/app"
 BIN = Path(sys.executable).parent  # where `pip install -e .` put the kubectl-gr console script
@@ -199,3 +205,35 @@ def kubectl_gr(cluster: Cluster, *args: str, timeout: float = 30.0) -> subproces
     )
     assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
     return proc
+
+
+# --- the audit log ---------------------------------------------------------------------------------------------
+
+
+def check_deployment_writes(cluster: LocalCluster, namespace: str, since: datetime, digests: set[str]) -> str:
+    """Asserts that the controller's writes to deployments/web since ``since`` were its enrolment label and the
+    hold's release of one of ``digests`` (a JSON patch under the field manager ``greyrelease``), none to a
+    subresource (``/scale``), and that it released a hold at least once; returns a line saying what they were."""
+    label = {"metadata": {"labels": {RELEASE_LABEL: "web"}}}
+    releases = [release_patch(d) for d in digests]
+    writes = [
+        w
+        for w in audited_writes(cluster, namespace=namespace, agents=CONTROLLER_AGENTS, since=since)
+        if w.resource == "deployments" and w.name == "web"
+    ]
+    other = [
+        f"{w} {json.dumps(w.body)}" for w in writes if w.verb != "patch" or (w.body != label and w.body not in releases)
+    ]
+    assert not other, "the controller wrote deployments/web otherwise than its label and the hold's release:\n" + (
+        "\n".join(other)
+    )
+    assert not [w for w in writes if w.subresource], [str(w) for w in writes]
+    managers = {
+        r.field_manager
+        for r in audited_requests(cluster, namespace, since=since)
+        if r.resource == "deployments" and r.name == "web" and r.agent.startswith(CONTROLLER_AGENTS) and not r.dry_run
+    }
+    assert managers <= {FIELD_MANAGER}, managers
+    kinds = Counter("label" if w.body == label else f"hold release ({w.code})" for w in writes)
+    assert kinds["hold release (200)"] >= 1, f"no hold released: {dict(kinds)}"
+    return f"controller writes to deployments/web: {dict(kinds)} (field manager {sorted(managers)})"

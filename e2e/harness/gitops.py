@@ -36,8 +36,10 @@ server-side apply sends those objects with the ``resourceVersion`` it read: a wr
 API server refuse it (409 Conflict), and the apply is made again from a fresh read (counted in
 ``Apply.conflicts``). Client-side apply sends no ``resourceVersion`` (kubectl would keep it in the
 last-applied annotation, and a later apply without it would then be refused), so it keeps that window, as
-the real tools do when they sync: in a run of e2e/test_follow.py's release with it, an apply read the route
-just before the release put its rules back and then applied the rules it had read. A rule's pointer may end
+the real tools do when they sync: in a run of e2e/test_follow.py's Gateway API release with it, an apply read
+the route just before the release put its rules back and then applied the rules it had read. (So its
+client-side test splits the traffic by replicas, with no ignore rule: the release writes no field Git
+declares.) A rule's pointer may end
 at a list (``/spec/rules``), which is then taken whole, as Argo CD's merge patch of the live values takes it.
 
 Not emulated: pruning, sync waves and hooks, that the real tools apply only when they find drift (the

@@ -46,6 +46,7 @@ from greyrelease.api.release import (
 from greyrelease.kube.cache import Watchable
 from greyrelease.kube.client import ApiError, KubeClient, NotFound, path
 from greyrelease.kube.protocol import Kube
+from greyrelease.planner.follow import template_text
 
 BAR_WIDTH = 10
 EVENTS_SHOWN = 5
@@ -137,6 +138,30 @@ def _images(items: Any) -> str:
     return ", ".join(f"{i.get('name', '?')}={i.get('image', '?')}" for i in items or []) or "-"
 
 
+def _template(template: Obj | None, stable: Obj | None) -> str:
+    """A template of the status (``held``, ``stable``) as the release's messages name it: by its images and
+    the first digits of its digest (:func:`~greyrelease.planner.follow.template_text`); "-" for none."""
+    if not template or not template.get("digest"):
+        return "-"
+
+    def pairs(t: Obj | None) -> tuple[tuple[str, str], ...]:
+        return tuple((str(i.get("name", "?")), str(i.get("image", "?"))) for i in (t or {}).get("images") or [])
+
+    return template_text(str(template["digest"]), pairs(template), pairs(stable))
+
+
+def _versions(spec: Obj, st: Obj) -> str:
+    """Pinned mode: the stable version and the target. Follow mode, where a version is a template's digest:
+    the template the pods run and the one held (what a release of it would roll), named by their images."""
+    if spec.get("targetVersion"):
+        target = st.get("targetVersion") or spec["targetVersion"]
+        return f"Versions:    stable {st.get('stableVersion') or '-'} -> target {target}"
+    stable, held = st.get("stable"), st.get("held")
+    if held and stable and held.get("digest") == stable.get("digest"):
+        held = None
+    return f"Versions:    stable {_template(stable, None)} -> held {_template(held, stable)}"
+
+
 def _follow_lines(spec: Obj, st: Obj, now: datetime) -> list[str]:
     """Follow mode (no targetVersion): the template held, the ReplicaSet serving as the stable, whether the
     API server holds new templates (the Held condition, the controller's self-test of the hold) and how
@@ -185,8 +210,7 @@ def render_status(release: Obj, events: Sequence[Obj], now: datetime) -> str:
         f"Batch:       {progress_bar(int(st.get('currentBatch') or 0), int(st.get('totalBatches') or 0))}",
         f"Weight:      {int(st.get('canaryWeight') or 0)}% to the canary",
         f"Replicas:    canary {int(st.get('canaryReplicas') or 0)}, stable {int(st.get('stableReplicas') or 0)}",
-        f"Versions:    stable {st.get('stableVersion') or '-'} -> target "
-        f"{st.get('targetVersion') or spec.get('targetVersion') or '-'}",
+        _versions(spec, st),
     ]
     lines.extend(_follow_lines(spec, st, now))
     if int(st.get("observedGeneration") or 0) < int(meta.get("generation") or 1):

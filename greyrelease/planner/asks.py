@@ -119,7 +119,7 @@ def tidy(p: Pass) -> None:
             continue
         if rec.done_at is None and rec.template != release:
             rec = rec.model_copy(
-                update={"done_at": p.now, "result": f"dropped: the release of template {rec.template} is over"}
+                update={"done_at": p.now, "result": f"dropped: the release of {follow.named(p, rec.template)} is over"}
             )
         kept.append(rec)
     if kept != p.status.requests:

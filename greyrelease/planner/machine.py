@@ -11,7 +11,7 @@ The state is the phase and, while a batch is under way (Progressing, Paused; Wai
 
     (start) ──> Progressing: batch 1..N ─────────────────────────────────────────> Promoting ──> Succeeded
                      Upscaling ──> Verifying ─────────────(pause over, gate passed)─┐
-                         ▲    └──> WaitingForApproval ───(promote=next)─────────────┤
+                         ▲    └──> WaitingForApproval ───(batch k approved)─────────┤
                          │                                       (no window open: Waiting, Done)
                          └──────────────── batch k+1 <──────────────────────────────┘ (after batch N: Promoting)
     Progressing <──(pause / resume)──> Paused          promote=full: Promoting at once
@@ -19,11 +19,19 @@ The state is the phase and, while a batch is under way (Progressing, Paused; Wai
     RollingBack ──> Aborted | Failed ──(retry, or a new targetVersion)──> start again
     a new targetVersion mid-release: traffic back to the stable ──> Initializing ──> batch 1 of the new version
 
+An approval of batch k (``greyrelease.io/promote``) ends its pause, manual or the rest of a timed one; a
+failed gate still rolls back first. Pinned mode: ``promote=next`` (or ``promote=k``) approves the batch
+live now and is consumed (removed before what it did is recorded). Follow mode: ``promote: "k"`` approves
+batch k and no other, waiting for it when written ahead; ``next`` is the batch current when first seen; the
+annotation is never removed, each value honoured once and recorded in ``status.requests`` and
+``status.approvals`` (:mod:`.requests`).
+
 Follow mode (no targetVersion: every new pod template of the Deployment, held at admission, is released)::
 
     (start: enrol) ──> Idle ──(a held template that differs from the stable's)──> Waiting | Queued | batch 1
     batch 1..N (a canary from the held template, sized from the stable's replicas now) ──> Promoting (the
         hold released; the Deployment controller rolls; the canary keeps its traffic) ──> Succeeded
+    batch k waits for its approval, promote: "k" (written ahead, it waits for batch k; Git may keep it)
     abort, failed gate, deadline ──> RollingBack ──> Aborted | Failed, the template still held (Stalled)
         ──(retry: batch 1 again; promote=full: Promoting without a canary; a new template: a new release)
     a new template mid-release: Superseded ──> Initializing ──> batch 1 of it
@@ -40,10 +48,12 @@ Each (phase, batchState) has one handler in :data:`HANDLERS` (a unit test checks
     Progressing    Upscaling            upscale       canary pods ready (and endpoints of the canary Service, when
                                                       the mode has one) -> traffic moved -> Verifying or
                                                       WaitingForApproval (pause: manual)
-    Progressing    Verifying            verify        the pause and the gate -> next batch (Upscaling), Waiting
-                                                      (Done) or Promoting
-    Progressing    WaitingForApproval   verify        promote=next -> next batch; promote=full -> Promoting; the
-                                                      approval's timeout -> RollingBack or next batch
+    Progressing    Verifying            verify        the pause and the gate, or an approval of the batch ->
+                                                      next batch (Upscaling), Waiting (Done) or Promoting
+    Progressing    WaitingForApproval   verify        an approval of the batch (pinned: promote=next or its
+                                                      number; follow: promote: "N" for this batch) -> next
+                                                      batch; promote=full -> Promoting; the approval's timeout
+                                                      -> RollingBack or next batch
     Progressing    Done                 between       (resumed while Done) a release window -> next batch
     Waiting        Done                 between       a release window open -> next batch; promote=full ->
                                                       Promoting

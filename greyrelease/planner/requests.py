@@ -313,7 +313,7 @@ def _supersede(p: Pass) -> Then:
     has started rolling the old one: there is no traffic to take back from the stable then."""
     st, target = p.status, p.world.target
     assert target is not None
-    why = f"{follow.what_is_held(target)} superseded template {st.restore.template}"
+    why = f"{follow.what_is_held(target)} superseded {follow.named(p, st.restore.template or '')}"
     if st.phase == Phase.PROMOTING:
         p.set(stable_pod_template_hash="")
     else:
@@ -323,7 +323,7 @@ def _supersede(p: Pass) -> Then:
     # The release is of the new template from now on (its canary and routing are this release's to remove;
     # the approvals were the old one's).
     p.set(history=[], metrics=[], approvals=[], canary_weight=0, restore=Restore(template=target.digest))
-    p.phase(Phase.INITIALIZING, f"restarting for template {target.digest}")
+    p.phase(Phase.INITIALIZING, f"restarting for {follow.what_is_held(target)}")
     p.again(0)
     return WAIT
 
@@ -335,7 +335,7 @@ def _retry(p: Pass) -> Then:
     assert retry is not None
     asks.drop_waiting(p, PROMOTE_ANNOTATION, "the release was retried")
     held = p.status.held
-    p.event(R.RETRIED, f"retrying the release of template {held.digest if held else '(none held)'}")
+    p.event(R.RETRIED, f"retrying the release of {follow.named(p, held.digest) if held else '(no template held)'}")
     asks.note(p, retry, "retried from batch 1")
     fresh(p)
     p.set(restore=Restore())
@@ -353,7 +353,7 @@ def _accept(p: Pass) -> Then:
     p.set(restore=Restore(template=target.digest), last_promotion=f"full after {phase.value} {fmt_time(p.now)}")
     follow.record_held(p, target)
     p.event(R.PROMOTED, f"promote=full after {phase.value}: {follow.what_is_held(target)} released without a canary")
-    p.phase(Phase.PROMOTING, f"releasing the hold of template {target.digest}: no canary")
+    p.phase(Phase.PROMOTING, f"releasing the hold of {follow.what_is_held(target)}: no canary")
     return GO_ON
 
 
@@ -362,7 +362,7 @@ def _too_late(p: Pass) -> Then:
     template; nothing takes it back but a revert of the template."""
     p.event(
         R.ABORTED,
-        f"abort ignored: the hold of template {p.status.restore.template} is released and the Deployment "
+        f"abort ignored: the hold of {follow.named(p, p.status.restore.template or '')} is released and the Deployment "
         "controller is rolling it; revert the template to go back",
         warning=True,
     )

@@ -43,6 +43,24 @@ def test_a_held_template_the_stable_and_the_last_release_are_shown() -> None:
     assert lines(text, "Last") == ["Last:        Aborted 120m ago: gate error-rate"]
 
 
+def test_the_versions_are_the_templates_named_by_their_images_as_the_messages_name_them() -> None:
+    stable = {"name": "web-5d8f6c", "digest": "5d8f6c0a11223344", "images": [{"name": "app", "image": "web:v1"}]}
+    held = {"digest": "7c9f5d21a0b3e4f1", "images": [{"name": "app", "image": "web:v2"}]}
+    text = render_status(followed({"phase": "Progressing", "stable": stable, "held": held}), [], NOW)
+    assert lines(text, "Versions") == [
+        "Versions:    stable web:v1 (template 5d8f6c0a) -> held web:v2 (template 7c9f5d21)"
+    ]
+    restarted = {"digest": "9a8b7c6d55667788", "images": [{"name": "app", "image": "web:v1"}]}
+    text = render_status(followed({"phase": "Progressing", "stable": stable, "held": restarted}), [], NOW)
+    assert lines(text, "Versions") == [
+        "Versions:    stable web:v1 (template 5d8f6c0a) -> held template 9a8b7c6d (web:v1, images unchanged)"
+    ]
+    idle = render_status(followed({"phase": "Idle", "stable": stable}), [], NOW)
+    assert lines(idle, "Versions") == ["Versions:    stable web:v1 (template 5d8f6c0a) -> held -"]
+    pinned = render_status(followed({"stableVersion": "v1", "targetVersion": "v2"}, targetVersion="v2"), [], NOW)
+    assert lines(pinned, "Versions") == ["Versions:    stable v1 -> target v2"]
+
+
 def test_nothing_held_shows_only_the_mode_and_pinned_mode_shows_none_of_it() -> None:
     idle = render_status(followed({"phase": "Idle"}), [], NOW)
     assert lines(idle, "Mode") and not lines(idle, "Held") and not lines(idle, "Last")

@@ -459,7 +459,8 @@ def test_retry_after_an_abort_starts_batch_one_of_the_held_template_again() -> N
     assert not any(isinstance(a, RemoveAnnotations) for a in plan.actions)  # the annotations stay
     assert EnsureCanary(replicas=1, template=digest) in plan.actions
     assert (plan.status.phase, plan.status.current_batch) == ("Progressing", 1)
-    assert R.RETRIED in [e.reason for e in plan.events]
+    (retried,) = [e.message for e in plan.events if e.reason == R.RETRIED]
+    assert retried == f"retrying the release of app:v2 (template {digest[:8]})"  # named by its images
     w.run(until={"Succeeded"})
     assert w.deployment.current == digest
 
@@ -470,6 +471,8 @@ def test_promote_full_after_an_abort_accepts_the_template_without_a_canary() -> 
     plan = w.step()
     assert not any(isinstance(a, RemoveAnnotations) for a in plan.actions)
     assert ReleaseHold(digest) in plan.actions and not any(isinstance(a, EnsureCanary) for a in plan.actions)
+    (promoted,) = [e.message for e in plan.events if e.reason == R.PROMOTED]
+    assert promoted == f"promote=full after Aborted: app:v2 (template {digest[:8]}) released without a canary"
     w.run(until={"Succeeded"})
     assert w.deployment.current == digest and w.canary is None
     assert w.status.last_release is not None and w.status.last_release.outcome == Outcome.SUCCEEDED
@@ -504,7 +507,7 @@ def test_a_revert_after_an_abort_releases_the_hold_and_restarts_no_pod() -> None
 
 def test_an_abort_once_the_hold_is_released_is_too_late_and_says_so() -> None:
     w = enrolled(trafficRouting=GATEWAY)
-    w.commit("app:v2")
+    v2 = w.commit("app:v2")
     w.rolls_at_once = False
     w.run(until={"Promoting"})
     w.annotations[ABORT_ANNOTATION] = "true"
@@ -513,6 +516,7 @@ def test_an_abort_once_the_hold_is_released_is_too_late_and_says_so() -> None:
     assert plan.status.phase == Phase.PROMOTING
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", R.ABORTED)]
     assert "revert the template" in plan.events[0].message
+    assert plan.events[0].message.startswith(f"abort ignored: the hold of app:v2 (template {v2[:8]}) is released")
     assert plan.status.requests[0].result.startswith("refused: ")
     again = w.step()  # the same value, seen again: refused once, not again
     assert again.events == () and again.status.phase == Phase.PROMOTING
@@ -529,7 +533,10 @@ def test_a_new_template_mid_release_supersedes_it_and_starts_at_batch_one() -> N
     plan = w.step()
     assert plan.actions == (SetWeight(0),)
     assert plan.status.phase == Phase.INITIALIZING
-    assert [e.reason for e in plan.events] == [R.SUPERSEDED]
+    assert [e.message for e in plan.events] == [
+        f"app:v3 (template {v3[:8]}) superseded app:v2 (template {v2[:8]}): restarting at batch 1"
+    ]
+    assert plan.status.message == f"restarting for app:v3 (template {v3[:8]})"
     last = plan.status.last_release
     assert last is not None and (last.outcome, last.digest) == (Outcome.SUPERSEDED, v2)
     plan = w.step()

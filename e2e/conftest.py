@@ -21,6 +21,10 @@
 - `crd` (session): the CRDs that ship (crds/: GreyRelease and GreyReleasePolicy), applied and Established.
 - `controller` (function): `greyrelease run` as its own process watching `namespace` (e2e/harness/controller.py);
   stopped after the test, its log printed, and the namespace's GreyReleases dropped.
+- `local_cluster` (function): `cluster`, for tests that need the local one (its audit log, its processes);
+  skipped on a cluster reached through KUBECONFIG.
+- `follower` (function): `greyrelease run --webhook-port P` watching `namespace`, ready and its admission
+  webhook registered (e2e/harness/follow.py); stopped after the test, its log printed, its webhook removed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import pytest
 from e2e.harness.controller import CRD, POLICY_CRD, Controller, drop_releases
 from e2e.harness.controlplane import Cluster, LocalCluster, external_cluster
 from e2e.harness.dataplane import DataPlane, install_gateway_api_crds
+from e2e.harness.follow import Follower
 from e2e.harness.metrics_server import MetricsServer
 from e2e.harness.process import new_workdir, sweep_stale_workdirs
 from e2e.harness.prometheus import PrometheusStack, find_prometheus
@@ -145,3 +150,21 @@ def controller(cluster: Cluster, crd: Path, namespace: str, tmp_path: Path) -> I
         # pytest shows a test's captured output only when it fails: then the controller's log helps.
         print(f"--- controller log (last lines) ---\n{ctl.logs()}")
         drop_releases(cluster, namespace)
+
+
+@pytest.fixture
+def local_cluster(cluster: Cluster) -> LocalCluster:
+    if not isinstance(cluster, LocalCluster):
+        pytest.skip("needs the local cluster (its audit log, its processes); KUBECONFIG reaches another one")
+    return cluster
+
+
+@pytest.fixture
+def follower(local_cluster: LocalCluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Follower]:
+    f = Follower(local_cluster, namespace, tmp_path / "controller.log")
+    took = f.start()
+    print(f"\ncontroller and webhook ready in {took:.1f}s")
+    try:
+        yield f
+    finally:
+        f.stop()

@@ -33,32 +33,29 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from greyrelease.admission import CONFIGURATION_NAME, FIELD_MANAGER, HELD_ANNOTATION, release_patch, template_digest
-from greyrelease.api.release import RELEASE_LABEL, TRACK_LABEL
+from greyrelease.admission import HELD_ANNOTATION, template_digest
+from greyrelease.api.release import TRACK_LABEL
 from greyrelease.kube.client import KubeClient, load_configuration
 
-from e2e.harness.controller import Controller, drop_releases, gr, wait_for
+from e2e.harness.controller import gr, wait_for
 from e2e.harness.controlplane import Cluster, LocalCluster
 from e2e.harness.dataplane import DataPlane, answering_app
-from e2e.harness.follow import git_route, git_service, ignore_rules
+from e2e.harness.follow import Follower, check_deployment_writes, git_route, git_service, ignore_rules, webhook_answers
 from e2e.harness.gitops import ARGOCD, ARGOCD_CLIENT_SIDE, FLUX, GitOps, Tool, audited_requests
 from e2e.harness.hpa import HPA, HPA_FIELD_MANAGER
 from e2e.harness.load import Load, Record, last, percentile, summarise
-from e2e.harness.process import free_port
 from e2e.harness.prometheus import PrometheusStack
-from e2e.harness.reliability import CONTROLLER_AGENTS, Write, audited_writes, wait_no_leftovers
+from e2e.harness.reliability import CONTROLLER_AGENTS, audited_writes, wait_no_leftovers
 
 pytestmark = pytest.mark.e2e
 
@@ -258,48 +255,7 @@ def slow_rollout(d: dict[str, Any], seconds: int = 3) -> dict[str, Any]:
     return d
 
 
-# --- the controller with its webhook ----------------------------------------------------------------------
-
-
-def registered_port(cluster: Cluster) -> int | None:
-    proc = cluster.kubectl("get", "mutatingwebhookconfiguration", CONFIGURATION_NAME, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return None
-    url = json.loads(proc.stdout)["webhooks"][0]["clientConfig"].get("url", "")
-    found = re.match(r"https://127\.0\.0\.1:(\d+)/hold$", url)
-    return int(found.group(1)) if found else None
-
-
-@pytest.fixture
-def local_cluster(cluster: Cluster) -> Iterator[LocalCluster]:
-    if not isinstance(cluster, LocalCluster):
-        pytest.skip("reads the local API server's audit log")
-    yield cluster
-
-
-@pytest.fixture
-def follower(local_cluster: LocalCluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Controller]:
-    """``greyrelease run --webhook-port P`` watching the namespace, its webhook registered on 127.0.0.1:P."""
-    port = free_port()
-    ctl = Controller(local_cluster, namespace, tmp_path / "controller.log", extra_args=["--webhook-port", str(port)])
-    ctl.start()
-    try:
-        wait_for(lambda: ctl.ready() and registered_port(local_cluster) == port, 90, "the controller and its webhook")
-        yield ctl
-    finally:
-        ctl.stop()
-        print(f"--- controller log (last lines) ---\n{ctl.logs()}")
-        drop_releases(local_cluster, namespace)
-        # Left registered by the controller on exit, by design: removed so that no later test meets it.
-        local_cluster.kubectl("delete", "mutatingwebhookconfiguration", CONFIGURATION_NAME, "--ignore-not-found")
-
-
-def webhook_answers(cluster: Cluster, namespace: str) -> bool:
-    """A server-side dry run of a template change of the enrolled Deployment comes back held."""
-    probe = {"spec": {"template": {"metadata": {"annotations": {"e2e/probe": str(time.time())}}}}}
-    patch = ["patch", "deployment", "web", "-n", namespace, "--type=merge", "-p", json.dumps(probe)]
-    proc = cluster.kubectl(*patch, "--dry-run=server", "-o", "json", check=False)
-    return proc.returncode == 0 and json.loads(proc.stdout)["spec"].get("paused") is True
+# --- setting up ----------------------------------------------------------------------------------------------
 
 
 def set_up(
@@ -371,51 +327,6 @@ def assert_equal_to_git(cluster: Cluster, namespace: str, gitops: GitOps) -> Non
 # --- the audit log -----------------------------------------------------------------------------------------
 
 
-def is_label_write(w: Write) -> bool:
-    return w.verb == "patch" and w.body == {"metadata": {"labels": {RELEASE_LABEL: "web"}}}
-
-
-def is_hold_release(w: Write, digests: set[str]) -> bool:
-    return w.verb == "patch" and any(w.body == release_patch(d) for d in digests)
-
-
-def controller_deployment_writes(cluster: LocalCluster, namespace: str, since: datetime) -> list[Write]:
-    return [
-        w
-        for w in audited_writes(cluster, namespace=namespace, agents=CONTROLLER_AGENTS, since=since)
-        if w.resource == "deployments" and w.name == "web"
-    ]
-
-
-def check_controller_writes(cluster: LocalCluster, namespace: str, since: datetime, digests: set[str]) -> str:
-    """The controller's writes to deployments/web since ``since`` are its label and the hold's release (as
-    greyrelease), nothing to the scale subresource; returns a line saying what they were."""
-    writes = controller_deployment_writes(cluster, namespace, since)
-    other = [
-        str(w) + f" {json.dumps(w.body)}" for w in writes if not (is_label_write(w) or is_hold_release(w, digests))
-    ]
-    assert not other, "the controller wrote deployments/web otherwise than its label and the hold's release:\n" + (
-        "\n".join(other)
-    )
-    assert not [w for w in writes if w.subresource], [str(w) for w in writes]
-    managers = {
-        r.field_manager
-        for r in audited_requests(cluster, namespace, since=since)
-        if r.resource == "deployments" and r.name == "web" and r.agent.startswith(CONTROLLER_AGENTS) and not r.dry_run
-    }
-    assert managers <= {FIELD_MANAGER}, managers
-    kinds = Counter("label" if is_label_write(w) else f"hold release ({w.code})" for w in writes)
-    assert kinds["hold release (200)"] >= 1, f"no hold released: {dict(kinds)}"
-    everything = Counter(
-        f"{w.resource}{'/' + w.subresource if w.subresource else ''} {w.verb}"
-        for w in audited_writes(cluster, namespace=namespace, agents=CONTROLLER_AGENTS, since=since)
-    )
-    return (
-        f"controller writes to deployments/web: {dict(kinds)} (field manager {sorted(managers)}); "
-        f"all its writes in the namespace: {dict(sorted(everything.items()))}"
-    )
-
-
 # --- the load --------------------------------------------------------------------------------------------
 
 
@@ -473,7 +384,7 @@ def test_a_commit_is_released_in_batches_under_gitops_and_load(
     local_cluster: LocalCluster,
     dataplane: DataPlane,
     namespace: str,
-    follower: Controller,
+    follower: Follower,
     tmp_path: Path,
     tool: Tool,
 ) -> None:
@@ -584,7 +495,7 @@ def test_a_commit_is_released_in_batches_under_gitops_and_load(
         lambda r: canary_weight(r, "web") is None,
     )
     applies = [a for a in gitops.applies if a.at >= datetime.fromtimestamp(committed, UTC)]
-    audit = check_controller_writes(cluster, namespace, since, {digest})
+    audit = check_deployment_writes(cluster, namespace, since, {digest})
     print(
         f"\n{tool.name}: template {digest} (v2) held {held_after:.2f}s after the commit; "
         f"Succeeded {succeeded - committed:.1f}s after it"
@@ -626,7 +537,7 @@ SHARE_BATCHES = [
 
 
 def test_a_commit_is_released_under_client_side_apply_with_the_traffic_split_by_replicas(
-    local_cluster: LocalCluster, dataplane: DataPlane, namespace: str, follower: Controller, tmp_path: Path
+    local_cluster: LocalCluster, dataplane: DataPlane, namespace: str, follower: Follower, tmp_path: Path
 ) -> None:
     """Argo CD's default sync, a client-side ``kubectl apply`` (three-way merge with the last-applied
     annotation), every two seconds. Git holds the Deployment, its Service, an HTTPRoute to that Service and the
@@ -708,7 +619,7 @@ def test_a_commit_is_released_under_client_side_apply_with_the_traffic_split_by_
         chosen = [r for r in records if start <= r.sent < start + 3 and r.image]
         got = sum(1 for r in chosen if r.image == image("v2")) / max(len(chosen), 1)
         shares.append((k, pods, stable, weight, got, len(chosen)))
-    audit = check_controller_writes(cluster, namespace, since, {digest})
+    audit = check_deployment_writes(cluster, namespace, since, {digest})
     print(f"\nargocd-client-side: template {digest} (v2), Succeeded {succeeded - committed:.1f}s after the commit")
     for k, pods, stable, weight, got, n in shares:
         print(f"  batch {k}: canary {pods} pods beside {stable}, weight {weight}%; v2 answered {got:.1%} of {n}")
@@ -735,7 +646,7 @@ def test_a_commit_is_released_under_client_side_apply_with_the_traffic_split_by_
 
 
 def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back(
-    local_cluster: LocalCluster, namespace: str, follower: Controller, tmp_path: Path
+    local_cluster: LocalCluster, namespace: str, follower: Follower, tmp_path: Path
 ) -> None:
     cluster = local_cluster
     share = 0.5
@@ -837,7 +748,7 @@ def test_the_canary_follows_the_hpa_and_nothing_writes_the_stables_replicas_back
     assert not gitops.refused(), [str(a) for a in gitops.refused()]
 
     # Who wrote the Deployment's replicas: the HPA, through /scale, and nobody else.
-    audit = check_controller_writes(cluster, namespace, since, {digest})
+    audit = check_deployment_writes(cluster, namespace, since, {digest})
     scale_writes = [
         r for r in audited_requests(cluster, namespace, since=since) if r.resource == "deployments" and r.subresource
     ]
@@ -889,7 +800,7 @@ def test_a_bad_template_is_left_held_by_its_gate_and_a_revert_restarts_no_pod(
     dataplane: DataPlane,
     prometheus: PrometheusStack,
     namespace: str,
-    follower: Controller,
+    follower: Follower,
     tmp_path: Path,
 ) -> None:
     cluster, replicas = local_cluster, 4
@@ -972,7 +883,7 @@ def test_a_bad_template_is_left_held_by_its_gate_and_a_revert_restarts_no_pod(
     assert_equal_to_git(cluster, namespace, gitops)
     assert not gitops.refused(), [str(a) for a in gitops.refused()]
     # The hold of the reverted template (v1's again) is released as any other.
-    audit = check_controller_writes(cluster, namespace, since, {digest, template_digest(unheld["spec"]["template"])})
+    audit = check_deployment_writes(cluster, namespace, since, {digest, template_digest(unheld["spec"]["template"])})
 
     s = summarise(records, committed - 2, records[-1].sent, asked_rate=RATE)
     bad = image("v2-err30")
@@ -1013,7 +924,7 @@ def controller_write_after(cluster: LocalCluster, namespace: str, t0: float, res
 
 
 def test_an_abort_mid_release_cuts_the_canary_within_a_second_and_leaves_the_template_held(
-    local_cluster: LocalCluster, dataplane: DataPlane, namespace: str, follower: Controller, tmp_path: Path
+    local_cluster: LocalCluster, dataplane: DataPlane, namespace: str, follower: Follower, tmp_path: Path
 ) -> None:
     cluster, replicas = local_cluster, 4
     host = f"web.{namespace}.example"
@@ -1111,7 +1022,7 @@ def test_an_abort_mid_release_cuts_the_canary_within_a_second_and_leaves_the_tem
     finally:
         scene.stop()
     failed = [r for r in records if r.failed]
-    audit = check_controller_writes(cluster, namespace, since, digests)
+    audit = check_deployment_writes(cluster, namespace, since, digests)
     print(
         f"\n{ABORTS} aborts under {RATE:.0f} req/s: cut p50 {percentile(cuts, 50):.3f}s, "
         f"p99 {percentile(cuts, 99):.3f}s, max {max(cuts):.3f}s; route written p50 "

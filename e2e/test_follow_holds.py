@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -46,24 +45,6 @@ from e2e.harness.load import Load, summarise
 from e2e.harness.observe import Reads, condition, event_line, events_of, first_image
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def local_cluster(cluster: Cluster) -> LocalCluster:
-    if not isinstance(cluster, LocalCluster):
-        pytest.skip("reads the local API server's audit log")
-    return cluster
-
-
-@pytest.fixture
-def follower(local_cluster: LocalCluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Follower]:
-    f = Follower(local_cluster, namespace, tmp_path / "controller.log")
-    took = f.start()
-    print(f"\ncontroller and webhook ready in {took:.1f}s")
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def rfc3339(t: datetime) -> str:

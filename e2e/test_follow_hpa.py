@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 from greyrelease.admission import HELD_ANNOTATION
 
-from e2e.harness.controlplane import HPA_CONTROLLER_USER, Cluster, LocalCluster
+from e2e.harness.controlplane import HPA_CONTROLLER_USER, LocalCluster
 from e2e.harness.follow import Follower, check_deployment_writes, follow_release, git_deployment, image, wait_held
 from e2e.harness.follow import set_up as follow_set_up
 from e2e.harness.gitops import FLUX, GitOps, audited_requests
@@ -37,23 +36,6 @@ TARGET = 50  # averageUtilization, %
 LOW, HIGH = "10m", "200m"  # per container: 10 % and 200 % of the request
 MIN, MAX = 2, 4
 SHARE = 0.5  # batch 1
-
-
-@pytest.fixture
-def local_cluster(cluster: Cluster) -> LocalCluster:
-    if not isinstance(cluster, LocalCluster):
-        pytest.skip("reads the local API server's audit log")
-    return cluster
-
-
-@pytest.fixture
-def follower(local_cluster: LocalCluster, crd: Path, namespace: str, tmp_path: Path) -> Iterator[Follower]:
-    f = Follower(local_cluster, namespace, tmp_path / "controller.log")
-    f.start()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def git_hpa() -> dict[str, Any]:

@@ -71,13 +71,6 @@ def hook(name: str, secret: str, key: str, *, on: list[str] | None = None, fmt: 
 # --- 1: a receiver that hangs, and the abort cut under load ---------------------------------------------------
 
 
-@pytest.fixture
-def local_cluster(cluster: Cluster) -> Iterator[LocalCluster]:
-    if not isinstance(cluster, LocalCluster):
-        pytest.skip("reads the local API server's audit log")
-    yield cluster
-
-
 def test_a_receiver_that_hangs_does_not_delay_the_abort_cut(
     local_cluster: LocalCluster, dataplane: DataPlane, namespace: str, controller: Controller
 ) -> None:

@@ -18,7 +18,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -292,13 +292,6 @@ final_none = Record(scheduled=0, sent=0, latency=None, status=None, error=None, 
 def is_canary(version: str) -> Callable[[Record], bool]:
     image = canary_image(version)
     return lambda r: r.image == image
-
-
-@pytest.fixture
-def local_cluster(cluster: Cluster) -> Iterator[LocalCluster]:
-    if not isinstance(cluster, LocalCluster):
-        pytest.skip("reads the local API server's audit log")
-    yield cluster
 
 
 @pytest.mark.usefixtures("controller")

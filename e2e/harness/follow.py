@@ -236,4 +236,11 @@ def check_deployment_writes(cluster: LocalCluster, namespace: str, since: dateti
     assert managers <= {FIELD_MANAGER}, managers
     kinds = Counter("label" if w.body == label else f"hold release ({w.code})" for w in writes)
     assert kinds["hold release (200)"] >= 1, f"no hold released: {dict(kinds)}"
-    return f"controller writes to deployments/web: {dict(kinds)} (field manager {sorted(managers)})"
+    everything = Counter(
+        f"{w.resource}{'/' + w.subresource if w.subresource else ''} {w.verb}"
+        for w in audited_writes(cluster, namespace=namespace, agents=CONTROLLER_AGENTS, since=since)
+    )
+    return (
+        f"controller writes to deployments/web: {dict(kinds)} (field manager {sorted(managers)}); "
+        f"all its writes in the namespace: {dict(sorted(everything.items()))}"
+    )

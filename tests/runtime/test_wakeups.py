@@ -139,11 +139,11 @@ def seen(bodies: tuple[Obj, ...]) -> list[tuple[bool, bool]]:
 # --- a release's daemon loop: passes, retries, sleeps ---------------------------------------------
 
 
-def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when_the_release_is_gone() -> None:
-    from greyrelease.kube.protocol import ApiError
-
+def waits_between_passes(error: Callable[[], Exception], times: int) -> list[float]:
+    """The waits of a release's daemon whose first ``times`` passes fail with ``error`` (then the pass finds no
+    GreyRelease and the daemon ends)."""
     kube = MemoryKube()
-    refuse(kube, lambda: ApiError(500, "InternalError", "etcd"), times=3)
+    refuse(kube, error, times=times)
     slept: list[float] = []
 
     async def sleep(wake: asyncio.Event, seconds: float) -> None:
@@ -157,7 +157,14 @@ def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when
             rt.stop()
 
     asyncio.run(run())
-    assert slept == [1, 2, 4]  # then the pass found no GreyRelease: the daemon ended
+    return slept
+
+
+def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when_the_release_is_gone() -> None:
+    from greyrelease.kube.protocol import ApiError
+
+    # then the pass found no GreyRelease: the daemon ended
+    assert waits_between_passes(lambda: ApiError(500, "InternalError", "etcd"), times=3) == [1, 2, 4]
 
 
 def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
@@ -240,19 +247,5 @@ def test_a_pass_that_met_a_conflict_is_planned_again_at_once_twice_then_backs_of
     """A 409 is cured by reading again, not by waiting: the first two retries after one go at once."""
     from greyrelease.kube.protocol import Conflict
 
-    kube = MemoryKube()
-    refuse(kube, lambda: Conflict(409, "Conflict", "the object has been modified"), times=4)
-    slept: list[float] = []
-
-    async def sleep(wake: asyncio.Event, seconds: float) -> None:
-        slept.append(seconds)
-
-    async def run() -> None:
-        rt = Runtime(kube, tuning=Tuning(threads=2))
-        try:
-            await asyncio.wait_for(rt.run_release("shop", "web", lambda: False, sleep), 5)
-        finally:
-            rt.stop()
-
-    asyncio.run(run())
-    assert slept == [0, 0, 4, 8]  # the attempts count on: the third conflict in a row waits as a third failure
+    waits = waits_between_passes(lambda: Conflict(409, "Conflict", "the object has been modified"), times=4)
+    assert waits == [0, 0, 4, 8]  # the attempts count on: the third conflict in a row waits as a third failure

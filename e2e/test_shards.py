@@ -6,6 +6,7 @@ that moment, within the Lease's duration of its last renewal."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -194,6 +195,17 @@ def writes_outside_tenure(
     return checked, problems, in_flight
 
 
+def stuck(cluster: Cluster, namespace: str, name: str, replicas: list[Controller]) -> str:
+    """What a release that did not move had: its status, its Deployments, the namespace's Events and the
+    replicas' logs."""
+    deployments = cluster.kubectl(
+        "get", "deployments", "-n", namespace, "-o", "wide", "--show-labels", check=False
+    ).stdout
+    seen = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
+    logs = "\n".join(f"--- {r.log.name} ---\n{r.logs()}" for r in replicas)
+    return f"{namespace}/{name}: {json.dumps(status(cluster, namespace, name))}\n{deployments}\n{seen[-4000:]}\n{logs}"
+
+
 def stop_all(replicas: list[Controller]) -> None:
     """SIGTERM to all at once (one by one, each would hand its shards to the next, which would start them)."""
     for r in replicas:
@@ -226,7 +238,10 @@ def test_a_replica_lost_mid_release_hands_its_shard_over_and_every_release_compl
     replicas = start_replicas(cluster, namespaces, system, tmp_path)
     try:
         releases = start_releases(cluster, namespaces)
-        wait_for(lambda: status(cluster, namespaces[0], "app-0").get("currentBatch") == 2, 60, "batch 2 under way")
+        try:
+            wait_for(lambda: status(cluster, namespaces[0], "app-0").get("currentBatch") == 2, 60, "batch 2 under way")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{stuck(cluster, namespaces[0], 'app-0', replicas)}") from None
         victim, k = victim_of(replicas, namespaces)
         assert victim.proc is not None
         lost = Lost(victim.proc.pid, now())

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from greyrelease.admission.probe import would_hold
 from greyrelease.api.release import (
@@ -47,20 +47,23 @@ log = logging.getLogger("greyrelease")
 
 Key = tuple[str, str]
 
-#: Passes that failed on a 409 (someone wrote an object between the pass's read and its write, which the
-#: write's resourceVersion caught) planned again at once, this many in a row, before the backoff: reading
-#: again is what cures a conflict, and waiting first only delays the write. The one-second wait did: an
-#: abort whose route write met a GitOps sync's apply of the same HTTPRoute cut the canary 1.04 s late in
-#: e2e/test_follow.py, against 0.02-0.5 s for the other nine.
-CONFLICTS_AT_ONCE = 2
-_BACKOFF = wait_exponential(multiplier=1, min=1, max=10)
+#: The backoff of a failed pass: 1, 2, 4, 8, then every 10 s (worked out in :func:`retry_wait` rather than by
+#: tenacity's ``wait_exponential``, which counts from the attempt's number, and a first conflict shifts it).
+BACKOFF_FIRST, BACKOFF_CAP = 1.0, 10.0
 
 
 def retry_wait(state: RetryCallState) -> float:
     """The wait before a failed pass is tried again: after 1, 2, 4, 8, then every 10 s, for as long as the
-    release's daemon runs (a conflict: at once first, see :data:`CONFLICTS_AT_ONCE`; the attempts count on,
-    so a third conflict in a row waits 4 s). Capped at 10 s: after an API server outage a release resumes
-    within 10 s of the API server being back (a refused connection costs nothing to retry).
+    release's daemon runs. Capped at 10 s: after an API server outage a release resumes within 10 s of the
+    API server being back (a refused connection costs nothing to retry).
+
+    A pass that failed on a 409 (someone wrote an object between the pass's read and its write, which the
+    write's resourceVersion caught) is planned again at once the first time, and then on the backoff as if
+    that conflict had not been: reading again is what cures a conflict, and the one-second wait only
+    delayed the write. It did: an abort whose route write met a GitOps sync's apply of the same HTTPRoute
+    cut the canary 1.04 s late in e2e/test_follow.py, against 0.04-0.5 s for the other nine. Only once at
+    once: a conflict on the status write can come from a store a watch event behind, which the next
+    immediate pass would read again.
 
     Not the retry of an API call, which is :data:`greyrelease.kube.retry.API` (a call that failed for a
     transient reason sent again within seconds, then its error raised): a pass fails when a call still
@@ -69,9 +72,12 @@ def retry_wait(state: RetryCallState) -> float:
     retry briefly on their own, see :mod:`greyrelease.reconcile.prometheus`; kopf retries the deletion
     handler.)"""
     failed = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(failed, Conflict) and state.attempt_number <= CONFLICTS_AT_ONCE:
-        return 0.0
-    return float(_BACKOFF(state))
+    attempt = state.attempt_number
+    if isinstance(failed, Conflict):
+        if attempt == 1:
+            return 0.0
+        attempt -= 1
+    return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** (attempt - 1))
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ serves it is in ``runtime``).
 What kopf does for us: the watch of GreyReleases, the finalizer and the deletion handler, the process's
 startup, cleanup and signal handling. What we do ourselves, and why:
 
-- one long-lived daemon per release that sleeps in memory until its timer or a wake-up
-  (:mod:`greyrelease.runtime.operator`), rather than kopf's retried handlers, which write their retry
-  state to the object at every step and cannot be cut short by an abort;
+- one queue of passes for all the releases (:mod:`greyrelease.runtime.scheduler`): a release is a key and
+  the time its next pass is due, sooner when a watch event wakes it; rather than kopf's retried handlers,
+  which write their retry state to the object at every step and cannot be cut short by an abort, or a
+  kopf daemon per release, a task for the release's whole life even at rest;
 - reflectors of our own for Deployments and Services (:mod:`greyrelease.kube.cache`): one watch per
   namespace, the bodies held as JSON, the responses to our writes folded in, so a pass reads memory;
 - Events named after the transition they belong to (:mod:`greyrelease.reconcile.record`), so a pass

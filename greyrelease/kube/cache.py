@@ -231,7 +231,7 @@ class Reflector:
     reflectors cost abort latency, transition lag, CPU and memory (bench/README.md, "Reflectors rather
     than kopf's watches"). kopf handles every event of every Deployment
     on the event loop (a worker per object, its batching window, a Body and a logger per event): the
-    loop that also takes the abort annotations in and runs the daemons. A reflector folds each event on
+    loop that also takes the abort annotations in and queues the passes. A reflector folds each event on
     its own thread and hands the loop only the wake-ups. A relist (after 410 Gone) also drops what was
     deleted while no watch was open, which kopf's relist does not report.
     """

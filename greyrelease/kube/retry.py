@@ -40,8 +40,8 @@ still hold the shard when a write is sent again, not only when it was first trie
 
 Not this policy, each a concern of its own:
 
-- a failed pass (:func:`greyrelease.runtime.controller.retry_wait`): re-planned from fresh reads after 1,
-  2, 4, 8, then every 10 s for as long as the release's daemon runs (after a 409, at once the first time); the
+- a failed pass (:func:`greyrelease.runtime.controller.backoff`): re-planned from fresh reads after 1,
+  2, 4, 8, then every 10 s for as long as its passes fail (after a 409, at once the first time); the
   pass's calls were each retried here first;
 - a reflector's list and watch (:class:`greyrelease.kube.cache.Reflector`): a stream reopened for the life
   of the process, after any failure (also 404 while a CRD is not installed, 410 when the watch is too old);

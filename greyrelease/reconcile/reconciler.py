@@ -152,8 +152,8 @@ class Reconciler:
             self.series.record(key, meta.get("resourceVersion"), spec, status)
 
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
-        """Passes over one release never overlap: a pass already running (say, in a daemon that kopf is
-        stopping because the object is being deleted) finishes before the next one starts."""
+        """Passes over one release never overlap: a pass already running (say, one the queue started just
+        before the deletion handler's) finishes before the next one starts."""
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 

@@ -1,6 +1,7 @@
 """The controller's state while it runs, in one object: the API client with its read cache, the stores
 the watches feed (kopf's for GreyReleases, reflectors for Deployments and Services), the wake-up wiring
-between watch events and the release daemons, the reconciler and the pass pool. One :class:`Runtime`
+between watch events and the releases' passes, the one queue of those passes
+(:class:`~greyrelease.runtime.scheduler.Scheduler`), the reconciler and the pass threads. One :class:`Runtime`
 is made at startup and handed to every kopf handler in ``memo`` (kopf gives each object a shallow copy
 of the operator's memo, so they all share it); a test makes its own, on an in-memory
 :class:`~greyrelease.kube.protocol.Kube`.
@@ -11,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from greyrelease.admission.probe import would_hold
 from greyrelease.api.release import (
@@ -42,20 +42,20 @@ from greyrelease.reconcile.reconciler import Outcome, Reconciler
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 from greyrelease.runtime.notifier import Notifier
 from greyrelease.runtime.pool import PassPool
+from greyrelease.runtime.scheduler import Scheduler
 
 log = logging.getLogger("greyrelease")
 
 Key = tuple[str, str]
 
-#: The backoff of a failed pass: 1, 2, 4, 8, then every 10 s (worked out in :func:`retry_wait` rather than by
-#: tenacity's ``wait_exponential``, which counts from the attempt's number, and a first conflict shifts it).
+#: The backoff of a failed pass: 1, 2, 4, 8, then every 10 s.
 BACKOFF_FIRST, BACKOFF_CAP = 1.0, 10.0
 
 
-def retry_wait(state: RetryCallState) -> float:
-    """The wait before a failed pass is tried again: after 1, 2, 4, 8, then every 10 s, for as long as the
-    release's daemon runs. Capped at 10 s: after an API server outage a release resumes within 10 s of the
-    API server being back (a refused connection costs nothing to retry).
+def backoff(failures: int, *, conflict: bool = False) -> float:
+    """The wait before a release whose last ``failures`` passes in a row failed is passed again: after 1, 2,
+    4, 8, then every 10 s, for as long as its passes fail. Capped at 10 s: after an API server outage a
+    release resumes within 10 s of the API server being back (a refused connection costs nothing to retry).
 
     A pass that failed on a 409 (someone wrote an object between the pass's read and its write, which the
     write's resourceVersion caught) is planned again at once the first time, and then on the backoff as if
@@ -68,22 +68,30 @@ def retry_wait(state: RetryCallState) -> float:
     Not the retry of an API call, which is :data:`greyrelease.kube.retry.API` (a call that failed for a
     transient reason sent again within seconds, then its error raised): a pass fails when a call still
     fails after that, or for a reason no call retry could cure (a 409 on its status write, a Conflict from
-    a slot, a bug), and it is then planned again from fresh reads rather than resumed. (Prometheus queries
-    retry briefly on their own, see :mod:`greyrelease.reconcile.prometheus`; kopf retries the deletion
-    handler.)"""
-    failed = state.outcome.exception() if state.outcome is not None else None
-    attempt = state.attempt_number
-    if isinstance(failed, Conflict):
-        if attempt == 1:
+    a slot, a bug), and it is then planned again from fresh reads rather than resumed: the release's key
+    goes back in the queue, due after this wait (a count per release, as controller-runtime's rate limiter
+    keeps one per item; tenacity's loop would hold a task per failing release). (Prometheus queries retry
+    briefly on their own, see :mod:`greyrelease.reconcile.prometheus`; kopf retries the deletion handler.)"""
+    if conflict:
+        if failures <= 1:
             return 0.0
-        attempt -= 1
-    return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** (attempt - 1))
+        failures -= 1
+    return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** (max(1, failures) - 1))
+
+
+def spread(key: Key, seconds: float, share: float = 0.1) -> float:
+    """``seconds``, moved by up to ``share`` of it, the same way each time for a key: releases started
+    together (a controller's start, a burst) are not all looked at again in the same second."""
+    offset = zlib.crc32(f"{key[0]}/{key[1]}".encode()) / 0xFFFFFFFF * 2 - 1  # in [-1, 1]
+    return seconds * (1 + share * offset)
 
 
 @dataclass(frozen=True)
 class Tuning:
-    #: A release with nothing scheduled still looks again this often (reads only, no writes when idle).
-    idle_resync: float = 300.0
+    #: A release with nothing scheduled still looks again this often, give or take 10 % (reads from memory
+    #: only, no writes when idle): a net under lost wake-ups, not how anything is noticed. 15 minutes, as
+    #: Argo Rollouts resyncs: at 10,000 standing releases, 11 passes a second.
+    idle_resync: float = 900.0
     #: Changes of a Deployment a release waits on are gathered this long before its pass: a rollout
     #: changes a Deployment's status several times in a row, and one pass sees them all. A deletion
     #: wakes it at once.
@@ -91,6 +99,9 @@ class Tuning:
     #: A pass mostly waits on the API server: passes run on many threads of their own (asyncio's default
     #: pool, CPU count + 4 threads, would queue hundreds of releases behind a handful of requests).
     threads: int = 128
+    #: Passes handed to those threads at once (the rest wait in the scheduler as keys): twice the threads,
+    #: so that a thread freed finds the next pass queued, urgent ones first.
+    in_flight: int = 256
     #: While aborts come in, routine passes (capacity being restored, timers, Deployment changes) wait
     #: until the last abort pass ended this long ago, and never longer than abort_hold_max: on a busy API
     #: server, a burst of aborts gets the releases' traffic cut before the rest of the work shares it.
@@ -102,17 +113,14 @@ class Tuning:
 
 
 class Registry:
-    """In-memory wiring between watch events and the daemons that should wake on them."""
+    """In-memory wiring between watch events and the releases they should wake (the waking itself is the
+    scheduler's: :attr:`Runtime.scheduler`)."""
 
     def __init__(self) -> None:
-        self.wake: dict[Key, asyncio.Event] = {}
         self.by_deployment: dict[Key, set[Key]] = defaultdict(set)
         self.watching: dict[Key, tuple[str, ...]] = {}
         self.waiting: dict[Key, bool] = {}
         self.last_seen: dict[Key, Any] = {}
-        self.pending: dict[Key, asyncio.TimerHandle] = {}
-        #: Releases whose next pass was asked for by a person (spec, annotation, deletion): it goes first.
-        self.urgent: set[Key] = set()
         #: Releases whose last pass left them Waiting or Queued: a release that ends (a slot frees, a
         #: predecessor is done) or a policy change wakes them. Small: only releases held back are here.
         self.held_back: dict[Key, Phase] = {}
@@ -126,9 +134,8 @@ class Registry:
         #: The releases in follow mode (as their last pass found them): a change of the hold's self-test
         #: wakes them, so that their Held condition says it.
         self.following: set[Key] = set()
-
-    def event_for(self, key: Key) -> asyncio.Event:
-        return self.wake.setdefault(key, asyncio.Event())
+        #: Passes failed in a row, per release failing now (see :func:`backoff`).
+        self.failures: dict[Key, int] = {}
 
     def watch(self, key: Key, deployments: tuple[str, ...], *, waiting: bool) -> None:
         self.waiting[key] = waiting
@@ -150,30 +157,17 @@ class Registry:
     def forget(self, key: Key) -> None:
         self.unwatch(key)
         self.waiting.pop(key, None)
-        self.wake.pop(key, None)
         self.last_seen.pop(key, None)
         self.held_back.pop(key, None)
         self.phase_seen.pop(key, None)
         self.following.discard(key)
-        self.urgent.discard(key)
         self.aborting.discard(key)
-        handle = self.pending.pop(key, None)
-        if handle is not None:
-            handle.cancel()
+        self.failures.pop(key, None)
 
-    def poke(self, key: Key) -> None:
-        event = self.wake.get(key)
-        if event is not None:
-            event.set()
-
-    def poke_soon(self, key: Key, delay: float) -> None:
-        """Poke after ``delay`` seconds; pokes asked for meanwhile are that same one. On the loop's thread."""
-        if key not in self.pending:
-            self.pending[key] = asyncio.get_running_loop().call_later(delay, self._poke_pending, key)
-
-    def _poke_pending(self, key: Key) -> None:
-        self.pending.pop(key, None)
-        self.poke(key)
+    def deleting(self, key: Key) -> bool:
+        """Whether the release was last seen marked for deletion (its deletion handler drives it then)."""
+        seen = self.last_seen.get(key)
+        return seen is not None and seen[2] is not None
 
 
 def waiting(outcome: Outcome) -> bool:
@@ -236,6 +230,8 @@ class Runtime:
         # (Lists of releases are read only by releases waiting to start under a limit or after another.)
         self.kube.cache(path(GROUP, VERSION, PLURAL), self.releases, lists=True)
         self.registry = Registry()
+        #: The one queue of the releases' passes: each release's next pass, when it is due.
+        self.scheduler: Scheduler[Key] = Scheduler(self.run_pass, in_flight=self.tuning.in_flight)
         #: The notification sender (started by :meth:`start_notifier`): the passes queue the notifications
         #: of the Events they create, and it sends them on a thread of its own.
         self.notifier = Notifier(self.kube) if notifications else None
@@ -294,11 +290,18 @@ class Runtime:
     def wake_following(self) -> None:
         """Wake every follow-mode release (the hold's self-test changed its result). On the event loop."""
         for key in list(self.registry.following):
-            self.registry.poke(key)
+            self.scheduler.add(key)
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Start no more passes, and let those running end (at most ``timeout``): before :meth:`stop`, when
+        the releases are handed over (a shard given up is stopped, its passes finished, before its Lease
+        is released)."""
+        await self.scheduler.stop(timeout)
 
     def stop(self) -> None:
         # The releases are no longer this runtime's (a shard handed over or lost, the lease lost, the end):
         # another replica exports them now.
+        self.scheduler.halt()
         self.series.close()
         if self.held is not None and self._held_listener is not None:
             self.held.detach(self.enrolled_deployment, self._held_listener)
@@ -326,87 +329,56 @@ class Runtime:
         self.phases.record((namespace, name), outcome.plan if outcome else None)
         return outcome
 
-    async def run_release(
-        self,
-        namespace: str,
-        name: str,
-        stopped: Callable[[], bool],
-        sleep: Callable[[asyncio.Event, float], Awaitable[None]],
-    ) -> None:
-        """A release's passes until it is gone or ``stopped``: each pass (retried after :func:`retry_wait`
-        while it fails: a failed pass is planned again, not its failed call sent again, see there), then a
-        sleep until the plan's ``requeue_after`` or until the release is woken."""
-        key = (namespace, name)
-        wake = self.registry.event_for(key)
-
-        def warn(state: RetryCallState) -> None:
-            err = state.outcome.exception() if state.outcome else None
-            seconds = state.next_action.sleep if state.next_action else 0
-            log.warning(f"[{namespace}/{name}] reconcile failed ({err}); retrying in {seconds:g}s")
-
-        # One retrying object for the daemon's life, not one per pass: tenacity keeps its per-thread state
-        # (bound methods of the object itself) on the object, a reference cycle that only a full garbage
-        # collection frees, so objects made per pass piled up at rest (bench/README.md, "One retrying object
-        # per daemon").
-        retrying = AsyncRetrying(
-            wait=retry_wait,
-            retry=retry_if_exception_type(Exception),
-            before_sleep=warn,
-            stop=lambda _: stopped(),
-            sleep=lambda seconds: sleep(wake, seconds),
-            reraise=True,
-        )
+    async def run_pass(self, key: Key, urgent: bool) -> float | None:
+        """One pass of a release, for the scheduler: the seconds until its next one (the plan's
+        ``requeue_after``, counted from when the plan was made; the backoff after a failure), or None when
+        it is not due again until woken (the release is gone, or its deletion handler drives it)."""
+        registry = self.registry
+        if registry.deleting(key):
+            return None  # kopf's deletion handler passes it from now on (release_deleted)
+        abort = key in registry.aborting
+        registry.aborting.discard(key)
         try:
-            while not stopped():
-                try:
-                    outcome: Outcome | None = await retrying(self._pass, key)
-                except Exception:  # only when stopped while failing: the daemon ends
-                    return
-                if outcome is None:
-                    return
-                self.registry.watch(key, outcome.watched, waiting=waiting(outcome))
-                if outcome.follows:
-                    self.registry.following.add(key)
-                else:
-                    self.registry.following.discard(key)
-                phase = outcome.plan.status.phase
-                if phase in (Phase.WAITING, Phase.QUEUED):
-                    self.registry.held_back[key] = phase
-                else:
-                    self.registry.held_back.pop(key, None)
-                timeout = outcome.plan.requeue_after
-                if timeout is None:
-                    timeout = self.tuning.idle_resync
-                else:
-                    # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was
-                    # recorded ready, however long the pass's own writes took.
-                    timeout = max(0.0, outcome.decided_at + timeout - time.monotonic())
-                # The pass's plan and models are not kept while the release sleeps (most releases, most
-                # of the time): the next pass plans from the stored body.
-                outcome = None
-                if timeout > 0:
-                    await sleep(wake, timeout)
-        finally:
-            self.registry.unwatch(key)
-            self.registry.following.discard(key)
-
-    async def _pass(self, key: Key) -> Outcome | None:
-        self.registry.event_for(key).clear()
-        urgent, abort = key in self.registry.urgent, key in self.registry.aborting
-        self.registry.urgent.discard(key)
-        self.registry.aborting.discard(key)
-        return await self.reconcile(*key, urgent=urgent, abort=abort)
+            outcome = await self.reconcile(*key, urgent=urgent, abort=abort)
+        except Exception as err:
+            failures = registry.failures[key] = registry.failures.get(key, 0) + 1
+            wait = backoff(failures, conflict=isinstance(err, Conflict))
+            log.warning(f"[{key[0]}/{key[1]}] reconcile failed ({err}); retrying in {wait:g}s")
+            return wait
+        registry.failures.pop(key, None)
+        if outcome is None:  # the release is gone
+            registry.unwatch(key)
+            registry.following.discard(key)
+            return None
+        registry.watch(key, outcome.watched, waiting=waiting(outcome))
+        if outcome.follows:
+            registry.following.add(key)
+        else:
+            registry.following.discard(key)
+        phase = outcome.plan.status.phase
+        if phase in (Phase.WAITING, Phase.QUEUED):
+            registry.held_back[key] = phase
+        else:
+            registry.held_back.pop(key, None)
+        timeout = outcome.plan.requeue_after
+        if timeout is None:
+            return spread(key, self.tuning.idle_resync)
+        # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was recorded ready,
+        # however long the pass's own writes took.
+        return max(0.0, outcome.decided_at + timeout - time.monotonic())
 
     # --- watch events --------------------------------------------------------------------------------
 
     def release_changed(self, obj: Obj, type: str | None) -> None:
-        """Keep the release's latest body for its passes, and wake its daemon when its spec or annotations
-        change (not on our own status writes). The body is in the store before the daemon is woken."""
+        """Keep the release's latest body for its passes, and queue its pass when it is new or its spec,
+        annotations or deletion mark changed (not on our own status writes), urgently unless it is only
+        listed at startup (``type`` None). The body is in the store before the pass is queued."""
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if type == "DELETED":
             self.releases.delete(obj)
             self.registry.forget(key)
+            self.scheduler.forget(key)
             self.reconciler.forget(*key)
             self.wake_held_back(ended=True)
             return
@@ -420,13 +392,13 @@ class Runtime:
             self.wake_held_back(ended=phase in TERMINAL_PHASES or (before in queue and phase not in queue))
         self.registry.phase_seen[key] = phase
         seen = fingerprint(obj)
-        if self.registry.last_seen.get(key) != seen:
+        before_seen = self.registry.last_seen.get(key)
+        if before_seen != seen:
             self.registry.last_seen[key] = seen
-            self.registry.urgent.add(key)
             status = obj.get("status") or {}
             if aborting(meta.get("annotations") or {}, status.get("phase"), _requests_seen(status)):
                 self.registry.aborting.add(key)
-            self.registry.poke(key)
+            self.scheduler.add(key, urgent=before_seen is not None or type is not None)
 
     def wake_held_back(self, *, ended: bool = True) -> None:
         """Wake the releases waiting to start: all of them when a release ended or left the queue, or a
@@ -434,7 +406,7 @@ class Runtime:
         those waiting for a predecessor or a window."""
         for key, phase in list(self.registry.held_back.items()):
             if ended or phase == Phase.WAITING:
-                self.registry.poke(key)
+                self.scheduler.add(key)
 
     def policy_changed(self, kind: str, obj: Obj) -> None:
         """A policy changed: the releases held back look again (on the event loop)."""
@@ -445,9 +417,9 @@ class Runtime:
         about it when it is deleted. On the event loop (the Deployment reflectors hand events over)."""
         for key in list(self.registry.by_deployment.get((namespace, name), ())):
             if type == "DELETED":
-                self.registry.poke(key)
+                self.scheduler.add(key)
             elif self.registry.waiting.get(key):
-                self.registry.poke_soon(key, self.tuning.deployment_settle)
+                self.scheduler.add(key, self.tuning.deployment_settle)
 
     async def watch(self, api: Watchable, namespaces: list[str]) -> None:
         """Deployments and Services in memory: one reflector of each per watched namespace (one for the

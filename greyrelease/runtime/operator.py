@@ -2,20 +2,25 @@
 state kept while running in one :class:`~greyrelease.runtime.controller.Runtime`, made at startup and found by every
 handler in kopf's ``memo``.
 
-Continuation ("RequeueAfter"): every GreyRelease gets a per-object async daemon that reconciles, then
-sleeps until the plan's ``requeue_after`` or until it is woken. It is woken by
+Continuation ("RequeueAfter"): one queue of passes for all the releases
+(:class:`~greyrelease.runtime.scheduler.Scheduler`): a release's key is due after its plan's
+``requeue_after``, or sooner when it is woken by
 
 - an event on the GreyRelease that changes its generation, annotations or deletion mark (so abort,
   pause and promote act within a second), and
 - an event on a Deployment it watches (the target or its canary), so readiness is seen as it happens
   instead of by polling.
 
-Why a daemon rather than ``TemporaryError(delay=...)`` handlers: a handler retried by kopf keeps its retry
-state in annotations (a write per step) and cannot be cut short by an abort until its delay runs out; a
-daemon sleeps in memory for free and wakes on an ``asyncio.Event`` at once. Nothing durable lives in the
-daemon: every pass plans from the object's ``status`` as last seen, so a restarted controller resumes
-where the last one stopped. Deletion is the exception: kopf stops the daemon when the object is marked
-for deletion, and an ``on.delete`` handler (retried with ``TemporaryError``) puts the app back.
+Why neither kopf's daemons (one per release) nor ``TemporaryError(delay=...)`` handlers: a handler
+retried by kopf keeps its retry state in annotations (a write per step) and cannot be cut short by an
+abort until its delay runs out; a daemon is a task per release for the release's whole life, sleeping
+on two waiter tasks per sleep, with kopf's handler state besides: paid by every standing release, all
+the time. The queue holds a release at rest as a key and a due time. kopf does what it is good at: the
+GreyReleases' watch, the finalizer and the deletion handler. Nothing durable lives in the queue: every
+pass plans from the object's ``status`` as last seen, so a restarted controller resumes where the last
+one stopped (kopf lists every release at its start, and each is queued). Deletion is the exception: from
+the deletion mark on, an ``on.delete`` handler (retried with ``TemporaryError``) puts the app back, and the
+queue leaves the release to it.
 
 Reads come from memory (:mod:`greyrelease.kube.cache`): the GreyReleases as kopf's watch delivers them, the
 Deployments and Services from reflectors of our own (which also do the waking above; why not kopf's
@@ -24,7 +29,6 @@ watches: see :class:`~greyrelease.kube.cache.Reflector`), each with the response
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from typing import Any, cast
@@ -52,7 +56,7 @@ def runtime(memo: Any) -> Runtime:
 class NoDiffBase(kopf.DiffBaseStorage):
     """Keeps no last-handled copy of the object. kopf would write one into an annotation on every change
     of the spec or the annotations (a write per change for nothing), and copy the whole object on every
-    event to compare with it: the controller's only changing handler is the deletion one, and the daemon
+    event to compare with it: the controller's only changing handler is the deletion one, and a pass
     reads the object as it is, never a diff. Every object is "as handled": no create or update cause."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
@@ -115,32 +119,19 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
     if isinstance(memo.get("runtime"), Runtime):
-        runtime(memo).stop()
+        rt = runtime(memo)
+        await rt.drain()  # the passes running end before the operator does (and a shard's Lease is let go)
+        rt.stop()
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def release_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
-    async def sleep(wake: asyncio.Event, timeout: float) -> None:
-        """Until ``timeout`` passes, the release is woken, or the daemon is asked to stop."""
-        waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-
-    await runtime(memo).run_release(namespace or "", name, lambda: bool(stopped), sleep)
-
-
-# The event handler below is a coroutine on purpose: kopf runs plain functions in a thread pool, and an
-# asyncio.Event set from another thread does not wake the loop that waits on it (the daemon would sleep
-# on until something else woke its loop, e.g. its own timeout).
+# The event handler below is a coroutine on purpose: it queues passes on the event loop's scheduler, which
+# a plain function (run by kopf in a thread pool) could not touch safely.
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def release_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) -> None:
     obj = cast(Obj, event["object"])
-    # kopf keeps this very dict as the release's latest body (for its daemon) until the next event. Neither
+    # kopf keeps this very dict as the release's latest body until the next event. Neither
     # kopf nor a pass reads managedFields, the largest part of a release's metadata: dropped in place,
     # kopf's copy and the store's are one body without them (bench/README, "Memory at rest").
     metadata = obj.get("metadata")
@@ -160,13 +151,18 @@ async def release_deleted(
 ) -> None:
     """Put the app back as it was before the release began, then let the object go."""
     rt = runtime(memo)
+    key = (namespace or "", name)
     # The pass must see the deletion mark even if kopf calls this before release_changed has kept it.
     rt.releases.fold(copy.deepcopy(dict(body)))
+    # No pass of the queue's runs beside this one: one that had started before the mark ends first.
+    release = await rt.scheduler.exclusive(key)
     try:
-        outcome = await rt.reconcile(namespace or "", name, urgent=True)
+        outcome = await rt.reconcile(*key, urgent=True)
     except Exception as err:  # a failed pass (e.g. a write conflict) is retried at once
         logger.warning(f"cleanup pass failed ({err}); retrying")
         raise kopf.TemporaryError(f"cleanup pass failed: {err}", delay=1) from err
+    finally:
+        release()
     if outcome is not None and not outcome.plan.done:
         raise kopf.TemporaryError("restoring the stable Deployment and removing the canary", delay=1)
-    rt.registry.forget((namespace or "", name))
+    rt.registry.forget(key)

@@ -1,4 +1,5 @@
-"""When a release's daemon is woken: Deployment changes gathered, deletions at once."""
+"""When a release's pass is queued: Deployment changes gathered, deletions at once, a person's change
+urgently; and when it is due again after a pass (its plan's timer, the backoff after a failure)."""
 
 from __future__ import annotations
 
@@ -8,39 +9,36 @@ from typing import cast
 
 from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
-from greyrelease.runtime.controller import Registry, Runtime, Tuning
+from greyrelease.reconcile.reconciler import Outcome
+from greyrelease.runtime.controller import Registry, Runtime, Tuning, fingerprint
 
 from tests.support.faults import refuse
 
 RELEASE = ("shop", "web")
 
 
+class Counting(Runtime):
+    """A runtime whose passes are counted, not run."""
+
+    passes = 0
+
+    async def run_pass(self, key: tuple[str, str], urgent: bool) -> float | None:
+        self.passes += 1
+        return None
+
+
 def wakes(registry: Registry, events: list[tuple[str, float]], settle: float = 0.05) -> int:
     """Feeds Deployment events ("MODIFIED"/"DELETED", seconds after the previous one) through the
-    runtime's handler; the number of times the release was woken, over settle * 4 after the last."""
+    runtime's handler; the number of passes of the release, over settle * 4 after the last."""
 
     async def run() -> int:
-        rt = Runtime(MemoryKube(), tuning=Tuning(deployment_settle=settle))
+        rt = Counting(MemoryKube(), tuning=Tuning(deployment_settle=settle))
         rt.registry = registry
-        woken = 0
-        wake = registry.event_for(RELEASE)
-
-        async def count() -> None:
-            nonlocal woken
-            while True:
-                await wake.wait()
-                wake.clear()
-                woken += 1
-
-        counter = asyncio.create_task(count())
-        try:
-            for kind, after in events:
-                await asyncio.sleep(after)
-                rt.deployment_changed("shop", "web", kind)
-            await asyncio.sleep(settle * 4)
-        finally:
-            counter.cancel()
-        return woken
+        for kind, after in events:
+            await asyncio.sleep(after)
+            rt.deployment_changed("shop", "web", kind)
+        await asyncio.sleep(settle * 4)
+        return rt.passes
 
     return asyncio.run(run())
 
@@ -70,39 +68,41 @@ def test_an_unrelated_deployment_wakes_nothing() -> None:
     assert wakes(r, [("MODIFIED", 0.0), ("DELETED", 0.0)]) == 0
 
 
-def test_forgetting_a_release_cancels_its_pending_wakeup() -> None:
-    r = registry(waiting=True)
-
-    async def run() -> bool:
-        r.event_for(RELEASE)
-        r.poke_soon(RELEASE, 0.05)
-        wake = r.wake[RELEASE]
-        r.forget(RELEASE)
+def test_a_release_deleted_loses_its_pending_pass() -> None:
+    async def run() -> int:
+        rt = Counting(MemoryKube(), tuning=Tuning(deployment_settle=0.05))
+        rt.registry = registry(waiting=True)
+        rt.deployment_changed("shop", "web", "MODIFIED")  # a pass due in 0.05 s
+        rt.release_changed(obj(9, {}), "DELETED")
         await asyncio.sleep(0.1)
-        return wake.is_set()
+        return rt.passes
 
-    assert asyncio.run(run()) is False
-    assert r.pending == {}
+    assert asyncio.run(run()) == 0
 
 
 def test_a_person_s_change_makes_the_next_pass_urgent_and_our_status_writes_do_not() -> None:
     abort = {"greyrelease.io/abort": "true"}
     bodies = (
-        obj(1, {}),  # first sight (a new release)
-        obj(2, {}, {"phase": "Progressing"}),  # a status write of our own
-        obj(3, abort, {"phase": "Progressing"}),  # an abort: its pass cuts traffic
-        obj(4, abort, {"phase": "Aborted"}),  # our status write after it
-        obj(5, abort, {"phase": "Aborted"}, generation=2),  # a new version: urgent, nothing to cut
-        obj(6, abort),  # (a release aborted before it started has no traffic to cut either)
+        (obj(1, {}), "MODIFIED"),  # first sight (a new release)
+        (obj(2, {}, {"phase": "Progressing"}), "MODIFIED"),  # a status write of our own
+        (obj(3, abort, {"phase": "Progressing"}), "MODIFIED"),  # an abort: its pass cuts traffic
+        (obj(4, abort, {"phase": "Aborted"}), "MODIFIED"),  # our status write after it
+        (obj(5, abort, {"phase": "Aborted"}, generation=2), "MODIFIED"),  # a new version: nothing to cut
+        (obj(6, abort), "MODIFIED"),  # (a release aborted before it started has no traffic to cut either)
     )
     assert seen(bodies) == [
-        (True, False),
-        (False, False),
-        (True, True),
-        (False, False),
-        (True, False),
-        (True, False),
+        [(True, False)],
+        [],
+        [(True, True)],
+        [],
+        [(True, False)],
+        [(True, False)],
     ]
+
+
+def test_a_release_listed_at_the_controller_s_start_is_passed_but_not_urgently() -> None:
+    """kopf's first list of the releases (event type None) queues every one, behind what people ask."""
+    assert seen(((obj(1, {}), None), (obj(2, {}, generation=2), "MODIFIED"))) == [[(False, False)], [(True, False)]]
 
 
 def obj(rv: int, annotations: dict[str, str], status: Obj | None = None, generation: int = 1) -> Obj:
@@ -117,110 +117,154 @@ def obj(rv: int, annotations: dict[str, str], status: Obj | None = None, generat
     return {"metadata": meta, "spec": {}, "status": status or {}}
 
 
-def seen(bodies: tuple[Obj, ...]) -> list[tuple[bool, bool]]:
-    """Feeds the release's watch events through the runtime's handler; after each, whether its next
-    pass is urgent and whether it cuts traffic for an abort (which holds routine passes back)."""
+def seen(bodies: tuple[tuple[Obj, str | None], ...]) -> list[list[tuple[bool, bool]]]:
+    """Feeds the release's watch events (body, type) through the runtime's handler; after each, the passes
+    it led to: whether each was urgent and whether it cut traffic for an abort (which holds routine passes
+    back)."""
 
-    async def run() -> list[tuple[bool, bool]]:
-        rt = Runtime(MemoryKube())
-        r = rt.registry
+    class Recording(Runtime):
+        passes: list[tuple[bool, bool]]
+
+        async def reconcile(
+            self, namespace: str, name: str, *, urgent: bool = False, abort: bool = False
+        ) -> Outcome | None:
+            self.passes.append((urgent, abort))
+            return None
+
+    async def run() -> list[list[tuple[bool, bool]]]:
+        rt = Recording(MemoryKube())
         out = []
-        for body in bodies:
-            r.urgent.clear()
-            r.aborting.clear()
-            rt.release_changed(body, "MODIFIED")
-            out.append((RELEASE in r.urgent, RELEASE in r.aborting))
-            assert rt.releases.get("shop", "web") == body  # kept for the passes before anything is woken
+        for body, kind in bodies:
+            rt.passes = []
+            rt.release_changed(body, kind)
+            assert rt.releases.get("shop", "web") == body  # kept for the passes before any is queued
+            await asyncio.sleep(0.01)
+            out.append(rt.passes)
         return out
 
     return asyncio.run(run())
 
 
-# --- a release's daemon loop: passes, retries, sleeps ---------------------------------------------
+# --- after a pass: when the release is due again -------------------------------------------------
 
 
-def waits_between_passes(error: Callable[[], Exception], times: int) -> list[float]:
-    """The waits of a release's daemon whose first ``times`` passes fail with ``error`` (then the pass finds no
-    GreyRelease and the daemon ends)."""
+def waits_between_passes(error: Callable[[], Exception], times: int | None, passes: int = 10) -> list[float]:
+    """The waits after each pass of a release whose first ``times`` passes (all, when None) fail with
+    ``error``, as the scheduler is told them, until a pass finds no GreyRelease (not due again) or after
+    ``passes`` passes."""
     kube = MemoryKube()
     refuse(kube, error, times=times)
-    slept: list[float] = []
-
-    async def sleep(wake: asyncio.Event, seconds: float) -> None:
-        slept.append(seconds)
+    waits: list[float] = []
 
     async def run() -> None:
         rt = Runtime(kube, tuning=Tuning(threads=2))
         try:
-            await asyncio.wait_for(rt.run_release("shop", "web", lambda: False, sleep), 5)
+            while len(waits) < passes and (after := await rt.run_pass(RELEASE, False)) is not None:
+                waits.append(after)
         finally:
             rt.stop()
 
     asyncio.run(run())
-    return slept
+    return waits
 
 
-def test_a_failing_pass_is_retried_with_the_one_backoff_and_the_daemon_ends_when_the_release_is_gone() -> None:
+def test_a_failing_pass_is_retried_on_the_backoff_and_not_again_once_the_release_is_gone() -> None:
     from greyrelease.kube.protocol import ApiError
 
-    # then the pass found no GreyRelease: the daemon ended
+    # then the pass found no GreyRelease: not due again
     assert waits_between_passes(lambda: ApiError(500, "InternalError", "etcd"), times=3) == [1, 2, 4]
 
 
-def test_a_daemon_asked_to_stop_while_its_passes_fail_ends() -> None:
+def test_a_release_whose_passes_keep_failing_is_tried_every_10_s_at_most() -> None:
     from greyrelease.kube.protocol import ApiError
 
-    kube = MemoryKube()
-    refuse(kube, lambda: ApiError(503, "ServiceUnavailable", "down"))
-    slept: list[float] = []
-
-    async def sleep(wake: asyncio.Event, seconds: float) -> None:
-        slept.append(seconds)
-
-    async def run() -> None:
-        rt = Runtime(kube, tuning=Tuning(threads=2))
-        try:
-            await asyncio.wait_for(rt.run_release("shop", "web", lambda: len(slept) >= 5, sleep), 5)
-        finally:
-            rt.stop()
-
-    asyncio.run(run())
-    assert slept == [1, 2, 4, 8, 10]  # capped at 10 s
+    assert waits_between_passes(lambda: ApiError(503, "ServiceUnavailable", "down"), times=None, passes=6) == [
+        1,
+        2,
+        4,
+        8,
+        10,
+        10,
+    ]
 
 
 def test_the_backoff_starts_again_at_one_second_after_a_pass_that_succeeded() -> None:
-    """One retrying object serves the daemon's life: a pass that succeeds ends its backoff, and the next
-    failure waits 1 s again, not where the last run of failures stopped."""
+    """A pass that succeeds ends its release's backoff: the next failure waits 1 s again, not where the last
+    run of failures stopped."""
     from greyrelease.api.release import GreyReleaseStatus, Phase
     from greyrelease.kube.protocol import ApiError
     from greyrelease.planner.actions import Plan
-    from greyrelease.reconcile.reconciler import Outcome
 
     script = ["fail", "fail", "ok", "fail", "fail", "fail", "ok"]
-    slept: list[float] = []
-
-    async def sleep(wake: asyncio.Event, seconds: float) -> None:
-        slept.append(seconds)
 
     class Scripted(Runtime):
         async def reconcile(
             self, namespace: str, name: str, *, urgent: bool = False, abort: bool = False
         ) -> Outcome | None:
             if not script:
-                return None  # the release is gone: the daemon ends
+                return None  # the release is gone: not due again
             if script.pop(0) == "fail":
                 raise ApiError(500, "InternalError", "etcd")
             return Outcome(Plan(GreyReleaseStatus(phase=Phase.PROGRESSING), requeue_after=30.0))
 
-    async def run() -> None:
+    async def run() -> list[float]:
         rt = Scripted(MemoryKube(), tuning=Tuning(threads=2))
+        waits = []
         try:
-            await asyncio.wait_for(rt.run_release("shop", "web", lambda: False, sleep), 5)
+            while (after := await rt.run_pass(RELEASE, False)) is not None:
+                waits.append(after)
+        finally:
+            rt.stop()
+        return waits
+
+    assert [round(s) for s in asyncio.run(run())] == [1, 2, 30, 1, 2, 4, 30]
+
+
+def test_a_release_with_nothing_scheduled_is_looked_at_again_within_the_resync_give_or_take_a_tenth() -> None:
+    from greyrelease.api.release import GreyReleaseStatus, Phase
+    from greyrelease.planner.actions import Plan
+
+    class AtRest(Runtime):
+        async def reconcile(
+            self, namespace: str, name: str, *, urgent: bool = False, abort: bool = False
+        ) -> Outcome | None:
+            return Outcome(Plan(GreyReleaseStatus(phase=Phase.SUCCEEDED)))
+
+    async def run() -> list[float]:
+        rt = AtRest(MemoryKube(), tuning=Tuning(threads=2, idle_resync=900))
+        try:
+            return [await rt.run_pass((f"ns-{i}", "web"), False) or 0.0 for i in range(200)]
         finally:
             rt.stop()
 
-    asyncio.run(run())
-    assert [round(s) for s in slept] == [1, 2, 30, 1, 2, 4, 30]
+    waits = asyncio.run(run())
+    assert all(810 <= w <= 990 for w in waits), (min(waits), max(waits))
+    assert max(waits) - min(waits) > 100  # spread, not all at once
+    assert waits == asyncio.run(run())  # the same for a release each time
+
+
+def test_a_release_marked_for_deletion_is_left_to_its_deletion_handler() -> None:
+    async def run() -> tuple[float | None, int]:
+        calls = 0
+
+        class Watching(Runtime):
+            async def reconcile(
+                self, namespace: str, name: str, *, urgent: bool = False, abort: bool = False
+            ) -> Outcome | None:
+                nonlocal calls
+                calls += 1
+                return None
+
+        rt = Watching(MemoryKube(), tuning=Tuning(threads=2))
+        body = obj(1, {})
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        rt.registry.last_seen[RELEASE] = fingerprint(body)
+        try:
+            return await rt.run_pass(RELEASE, True), calls
+        finally:
+            rt.stop()
+
+    assert asyncio.run(run()) == (None, 0)
 
 
 def test_the_body_kopf_keeps_for_a_release_is_the_stored_one_without_managed_fields() -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from e2e.harness.controller import (
     wait_phase,
 )
 from e2e.harness.controlplane import Cluster, LocalCluster
+from e2e.harness.process import free_port
 from e2e.harness.reliability import (
     Chaos,
     SlowPrometheus,
@@ -50,6 +52,9 @@ SERVICE = {"service": {"name": "web"}}
 TERMINAL = {"Succeeded", "Failed", "Aborted", "InvalidSpec"}
 V1, V2 = "registry.example/app:v1", "registry.example/app:v2"
 QUIET_WINDOW = 300.0
+#: The idle window's controllers look at each release again this often (``--resync-seconds``; 900 by default):
+#: the window then holds two resync passes of each release, which must write nothing either.
+QUIET_RESYNC = 120.0
 #: Figures the tests report (printed at the end of the module; the README's Reliability section quotes them).
 FIGURES: dict[str, Any] = {}
 
@@ -85,6 +90,8 @@ def image_of(dep: dict[str, Any] | None) -> str:
 class IdleWindow:
     started: datetime
     namespaces: dict[str, str]  # mode -> namespace
+    metrics_ports: dict[str, int]  # mode -> the controller's /metrics
+    passes_at_start: dict[str, float]  # mode -> passes the controller had made when the window started
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -102,12 +109,14 @@ def idle_window(
     namespaces = {"no-leader-elect": f"e2e-quiet-{suffix}", "leader-elect": f"e2e-quiet-lease-{suffix}"}
     logs = tmp_path_factory.mktemp("quiet")
     controllers = []
+    ports = {mode: free_port() for mode in namespaces}
     try:
         for mode, ns in namespaces.items():
             cluster.kubectl("create", "namespace", ns)
             cluster.wait_for_namespace_ready(ns)
             # --lease-seconds 30: the API server restart of another test must not cost this one its lease.
             args = ["--no-leader-elect"] if mode == "no-leader-elect" else ["--lease-seconds", "30"]
+            args += ["--resync-seconds", f"{QUIET_RESYNC:g}", "--metrics-port", str(ports[mode])]
             c = Controller(cluster, ns, logs / f"{mode}.log", extra_args=args)
             c.start()
             controllers.append(c)
@@ -145,7 +154,12 @@ def idle_window(
             assert wait_phase(cluster, ns, "done", TERMINAL, timeout=60)["phase"] == "Succeeded"
             assert wait_phase(cluster, ns, "held", {"Paused"}, timeout=30)["currentBatch"] == 1
         time.sleep(3)  # the last event posts and status writes land
-        yield IdleWindow(started=now(), namespaces=namespaces)
+        yield IdleWindow(
+            started=now(),
+            namespaces=namespaces,
+            metrics_ports=ports,
+            passes_at_start={mode: passes_made(port) for mode, port in ports.items()},
+        )
     finally:
         for c in controllers:
             c.stop()
@@ -154,6 +168,18 @@ def idle_window(
             cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         if FIGURES:
             print("\nreliability figures: " + json.dumps(FIGURES, sort_keys=True))
+
+
+def passes_made(metrics_port: int) -> float:
+    """The passes a controller has made (``greyrelease_reconcile_duration_seconds_count`` on its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    counts = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(PASSES_METRIC + " ")]
+    assert counts, f"no {PASSES_METRIC} on the controller's /metrics"
+    return counts[0]
+
+
+PASSES_METRIC = "greyrelease_reconcile_duration_seconds_count"
 
 
 # --- crash and resume ----------------------------------------------------------------------------------------
@@ -591,6 +617,11 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
         print(f"\nwaiting {remaining:.0f}s more for the {QUIET_WINDOW:.0f}s idle window")
         time.sleep(remaining)
     until = idle_window.started + timedelta(seconds=QUIET_WINDOW)
+    # Each release was looked at again in the window (at least twice at one resync every 108-132 s), and
+    # those passes are among what wrote nothing below.
+    resyncs = {m: passes_made(p) - idle_window.passes_at_start[m] for m, p in idle_window.metrics_ports.items()}
+    print(f"passes in the window (2 releases, --resync-seconds {QUIET_RESYNC:g}): {resyncs}")
+    assert all(n >= 4 for n in resyncs.values()), resyncs
     quiet, leased = idle_window.namespaces["no-leader-elect"], idle_window.namespaces["leader-elect"]
     # Whoever wrote (any client): the releases, apps and Events of these namespaces are nobody else's.
     anyone = audited_writes(local, namespace=quiet, agents=(), since=idle_window.started, until=until)
@@ -602,6 +633,11 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
     print(f"{QUIET_WINDOW:.0f}s idle, leader election: {renewals} Lease renewals, {len(other)} other writes")
     assert other == [], "\n".join(map(str, other))
     assert 0.3 * QUIET_WINDOW / 2 <= len(lease_ns) <= QUIET_WINDOW / 2 + 5, len(lease_ns)
-    FIGURES.update(idle_window_s=QUIET_WINDOW, idle_writes=len(anyone), idle_lease_renewals=len(lease_ns))
+    FIGURES.update(
+        idle_window_s=QUIET_WINDOW,
+        idle_writes=len(anyone),
+        idle_lease_renewals=len(lease_ns),
+        idle_resync_passes=resyncs,
+    )
     for ns in idle_window.namespaces.values():
         assert status(cluster, ns, "done")["phase"] == "Succeeded" and status(cluster, ns, "held")["phase"] == "Paused"

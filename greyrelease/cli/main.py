@@ -218,6 +218,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.resync_seconds > 0:
+        print(
+            f"error: --resync-seconds {args.resync_seconds:g}: seconds between two looks, more than 0", file=sys.stderr
+        )
+        return 2
     if args.shards > 1 and not args.leader_elect:
         print(
             "error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect", file=sys.stderr
@@ -261,6 +266,7 @@ async def _run(args: argparse.Namespace) -> int:
     from greyrelease.reconcile.held import CONFIRM_SECONDS, HeldSelfTest
     from greyrelease.reconcile.policies import Governing
     from greyrelease.runtime import operator  # noqa: F401 - registers the handlers
+    from greyrelease.runtime.controller import Tuning
     from greyrelease.runtime.health import serve as serve_health
     from greyrelease.runtime.leader import Lease, keep, lead
 
@@ -275,6 +281,7 @@ async def _run(args: argparse.Namespace) -> int:
         or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
     )
     governing = Governing(max_progressing=args.max_progressing, slots_namespace=lease_ns)
+    tuning = Tuning(idle_resync=args.resync_seconds)
     webhook = None
     if args.webhook_port:
         # Served by every replica, before it waits for a Lease: the API server asks any of them.
@@ -322,6 +329,7 @@ async def _run(args: argparse.Namespace) -> int:
                 lease_seconds=args.lease_seconds,
                 state=state,
                 selftest=selftest,
+                tuning=tuning,
             )
         finally:
             if tester is not None:
@@ -359,7 +367,7 @@ async def _run(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=True,
             stop_flag=lost,
-            memo=kopf.Memo(namespaces=namespaces, governing=governing, state=state, held=selftest),
+            memo=kopf.Memo(namespaces=namespaces, governing=governing, state=state, held=selftest, tuning=tuning),
         )
     finally:
         if tester is not None:
@@ -446,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
         "enrolled Deployment (a server-side dry run), as well as at start and before a follow-mode release "
         "starts when the last test is older; shown as the Held condition of follow-mode releases. 0: no test "
         "and no Held condition",
+    )
+    run.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="look at every release again at least every S seconds, give or take 10 %% (900 by default; reads from "
+        "memory, no write when nothing changed): a net under missed watch events, not how changes are noticed",
     )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

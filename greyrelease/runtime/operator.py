@@ -90,7 +90,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         # the shard's namespaces only.
         settings.watching.shard_selectors[GROUP, PLURAL] = shard.selector
     if not isinstance(memo.get("runtime"), Runtime):
-        tuning = Tuning()
+        tuning = memo.get("tuning")
+        if not isinstance(tuning, Tuning):
+            tuning = Tuning()
         # Connections kept for every pass thread, and for the Deployment and Service watches (two per
         # watched namespace) besides; only those opened cost anything.
         api = KubeClient.from_environment(connections=tuning.threads + 64)

@@ -22,7 +22,7 @@ from greyrelease.kube.retry import ONCE
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
-from greyrelease.runtime.controller import Shard
+from greyrelease.runtime.controller import Shard, Tuning
 from greyrelease.runtime.leader import identity
 from greyrelease.runtime.shards import Held, Shards, selector
 
@@ -59,6 +59,7 @@ async def run_sharded(
     lease_seconds: int,
     state: dict[str, str],
     selftest: HeldSelfTest | None = None,
+    tuning: Tuning | None = None,
 ) -> int:
     """Hold a share of ``n`` shards until SIGTERM or SIGINT; 0 on a clean stop, 2 when the API server cannot
     shard, 1 when a shard's operator failed. ``selftest``, the process's self-test of the hold, is every
@@ -89,6 +90,7 @@ async def run_sharded(
             shard=Shard(selector([k], n), held.writable),
             state=state,
             held=selftest,
+            tuning=tuning,
         )
         try:
             await kopf.operator(

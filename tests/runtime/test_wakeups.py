@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import cast
 
+import pytest
 from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.reconcile.reconciler import Outcome
@@ -294,3 +295,13 @@ def test_a_pass_that_met_a_conflict_is_planned_again_at_once_then_on_the_backoff
 
     waits = waits_between_passes(lambda: Conflict(409, "Conflict", "the object has been modified"), times=4)
     assert waits == [0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("seconds", ["0", "-5"])
+def test_a_resync_period_that_is_not_positive_is_refused_naming_the_flag(
+    seconds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from greyrelease.cli.main import main
+
+    assert main(["run", f"--resync-seconds={seconds}"]) == 2
+    assert f"--resync-seconds {float(seconds):g}" in capsys.readouterr().err

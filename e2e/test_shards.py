@@ -30,7 +30,9 @@ SHARDS = 3
 LEASE = 10  # --lease-seconds, the default
 PER_NAMESPACE = 5
 TERMINAL = {"Succeeded", "Failed", "Aborted"}
-BATCHES = [{"replicas": 1, "pause": "4s"}, {"replicas": 2, "pause": "4s"}, {"replicas": 3}]
+#: Batch 2's pause is the window in which a replica is lost: long enough that the status poll, which starts once
+#: the last release is applied and asks through kubectl on a loaded machine, sees that release in it.
+BATCHES = [{"replicas": 1, "pause": "4s"}, {"replicas": 2, "pause": "8s"}, {"replicas": 3}]
 
 
 def spread_namespaces(token: str, per_shard: int = 2) -> list[str]:
@@ -214,8 +216,9 @@ def stop_all(replicas: list[Controller]) -> None:
         r.stop()
 
 
-def victim_of(replicas: list[Controller], namespaces: list[str]) -> tuple[Controller, int]:
-    k = shard_of(namespaces[0], SHARDS)
+def victim_of(replicas: list[Controller], namespace: str) -> tuple[Controller, int]:
+    """The replica holding the shard of ``namespace``, and that shard."""
+    k = shard_of(namespace, SHARDS)
     return next(r for r in replicas if k in holding(r)), k
 
 
@@ -238,11 +241,19 @@ def test_a_replica_lost_mid_release_hands_its_shard_over_and_every_release_compl
     replicas = start_replicas(cluster, namespaces, system, tmp_path)
     try:
         releases = start_releases(cluster, namespaces)
+        # The release applied last: the first ones started while the others were being applied (30 kubectl
+        # applies take 10-15 s here), and may be past batch 2 already.
+        ns, name = releases[-1]
+
+        def mid_release() -> bool:
+            st = status(cluster, ns, name)
+            return st.get("currentBatch", 0) >= 2 and st.get("phase") not in TERMINAL
+
         try:
-            wait_for(lambda: status(cluster, namespaces[0], "app-0").get("currentBatch") == 2, 60, "batch 2 under way")
+            wait_for(mid_release, 60, f"{ns}/{name}: batch 2 under way")
         except AssertionError as err:
-            raise AssertionError(f"{err}\n{stuck(cluster, namespaces[0], 'app-0', replicas)}") from None
-        victim, k = victim_of(replicas, namespaces)
+            raise AssertionError(f"{err}\n{stuck(cluster, ns, name, replicas)}") from None
+        victim, k = victim_of(replicas, ns)  # the holder of a release under way
         assert victim.proc is not None
         lost = Lost(victim.proc.pid, now())
         if fault == "sigkill":

@@ -113,7 +113,7 @@ class Reconciler:
             self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
                 self._record((namespace, name), release, status, plan.status)
-                self._export(release, spec, plan.status)
+                self._export(release, spec, plan.status, changed=plan.status is not status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
 
@@ -144,12 +144,17 @@ class Reconciler:
         elif self._read_back.get(key) != version and not write_status(self.kube, release, status):
             self._read_back[key] = version
 
-    def _export(self, release: Obj, spec: GreyReleaseSpec | None, status: GreyReleaseStatus) -> None:
-        """The release's series as ``status`` (now recorded) has them."""
+    def _export(
+        self, release: Obj, spec: GreyReleaseSpec | None, status: GreyReleaseStatus, *, changed: bool = True
+    ) -> None:
+        """The release's series as ``status`` (now recorded) has them. Worked out again unless the plan left the
+        status as read (``changed`` False) from a version already exported: two passes can read one version
+        and plan different statuses (the first found nothing to do, the second was woken by a Deployment),
+        and the version read says nothing of what the second wrote."""
         if self.series is not None:
             meta = release.get("metadata") or {}
             key = (meta.get("namespace", ""), meta.get("name", ""))
-            self.series.record(key, meta.get("resourceVersion"), spec, status)
+            self.series.record(key, None if changed else meta.get("resourceVersion"), spec, status)
 
     def _lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """Passes over one release never overlap: a pass already running (say, one the queue started just

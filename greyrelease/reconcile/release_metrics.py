@@ -25,8 +25,8 @@ So a release has at most 5 series, plus at most 4 per gate (a spec has at most 2
 The series are not prometheus_client gauges, which keep an object and a lock per series: each release's
 series are kept as one tuple, and a collector renders them when /metrics is scraped (bench/README.md,
 "Per-release series on /metrics"). An idle pass costs one look-up: the series are worked out again only
-when the release's resourceVersion differs from the one last exported (a write of any kind, the
-controller's own status writes among them). A release deleted, or no longer this replica's (a shard handed
+when the pass changed the status, or the release's resourceVersion differs from the one last exported (a
+write of any kind, the controller's own status writes among them). A release deleted, or no longer this replica's (a shard handed
 over, the lease lost), takes its series with it (:meth:`ReleaseSeries.forget`, :meth:`ReleaseSeries.close`).
 """
 
@@ -115,7 +115,8 @@ class ReleaseSeries:
         self._collector.add(self)
 
     def record(self, key: Key, version: str | None, spec: GreyReleaseSpec | None, status: GreyReleaseStatus) -> None:
-        """Export the release as ``status`` has it, read (or written) at ``version``."""
+        """Export the release as ``status`` has it, read at ``version`` (None: a status the pass changed, worked
+        out whatever was exported before)."""
         last = self._exported.get(key)
         if last is not None and version is not None and last[0] == version:
             return

@@ -188,6 +188,32 @@ def test_the_series_follow_a_release_through_its_batches_and_go_with_it() -> Non
     assert not any(name.startswith("greyrelease_release_") for name in series_names(registry))
 
 
+def test_a_pass_that_plans_a_change_from_a_version_already_exported_exports_it() -> None:
+    """Two passes can read the release at one resourceVersion and plan different statuses: the first finds
+    nothing to do (the stable still rolling out at promotion), the second, woken by the Deployment, ends the
+    release. What the second wrote is exported, though its version was exported already."""
+    kube = cluster(batches=[{"replicas": 1, "pause": "2s"}, {"replicas": 4}])
+    registry, series = exporter()
+    reconciler, now = Reconciler(kube, series=series), T0
+    for _ in range(40):
+        reconciler.reconcile(NS, "web", now=now)
+        now += timedelta(seconds=1)
+        st = status_of(kube)
+        assert phases(registry) == [st.get("phase")], st.get("phase")
+        if st.get("phase") == "Succeeded":
+            break
+        if st.get("phase") != "Promoting":
+            roll_out(kube)
+            continue
+        # Promoting: a pass while the stable still rolls out (nothing to write), then the rollout ends.
+        version = (kube.get(RELEASE) or {})["metadata"]["resourceVersion"]
+        reconciler.reconcile(NS, "web", now=now)
+        assert (kube.get(RELEASE) or {})["metadata"]["resourceVersion"] == version  # nothing written
+        roll_out(kube)
+    assert status_of(kube)["phase"] == "Succeeded"
+    assert phases(registry) == ["Succeeded"]
+
+
 def test_an_idle_pass_works_nothing_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
     kube = cluster(batches=[{"replicas": 1, "pause": "1h"}, {"replicas": 4}])
     registry, series = exporter()

@@ -26,8 +26,9 @@ The series are not prometheus_client gauges, which keep an object and a lock per
 series are kept as one tuple, and a collector renders them when /metrics is scraped (bench/README.md,
 "Per-release series on /metrics"). An idle pass costs one look-up: the series are worked out again only
 when the pass changed the status, or the release's resourceVersion differs from the one last exported (a
-write of any kind, the controller's own status writes among them). A release deleted, or no longer this replica's (a shard handed
-over, the lease lost), takes its series with it (:meth:`ReleaseSeries.forget`, :meth:`ReleaseSeries.close`).
+write of any kind, the controller's own status writes among them). A release deleted, or no longer this
+replica's (a shard handed over, the lease lost), takes its series with it (:meth:`ReleaseSeries.forget`,
+:meth:`ReleaseSeries.close`).
 """
 
 from __future__ import annotations

@@ -140,6 +140,16 @@ else
 	$(PY) -m bench.run --sizes 100 500 1000
 endif
 
+# A big cluster at rest: N standing follow-mode releases (10,000 by default) measured at rest, then 1,000 of them
+# released at once with 200 aborted, then at rest again; writes bench/STANDING.md (+ standing.json).
+# `make bench-standing N=10000 SHARDS="1 3"`: one local cluster per shard count, in turn (python -m
+# bench.standing); STANDING_FLAGS passes more, e.g. "--burst 100 --aborts 20 --idle-minutes 1" for a quick run.
+STANDING_FLAGS ?=
+.PHONY: bench-standing
+bench-standing: N = 10000
+bench-standing: deps
+	$(PY) -m bench.standing --n $(N) --shards $(or $(SHARDS),1) $(STANDING_FLAGS)
+
 # GreyRelease and Argo Rollouts on the same releases, one after the other on one local cluster; builds Argo
 # Rollouts' controller on first use (e2e/build/build.sh argo). Writes bench/COMPARISON.md, comparison.json
 # and comparison.png. `make compare SIZES=20` for a quick run; CUTOFF=0 leaves out the abort cut-off on real

@@ -4,13 +4,15 @@ The local cluster's audit policy (e2e/harness/controlplane.py) logs writes only,
 comparison of two controllers also wants their reads (GET, LIST, WATCH), by user agent.
 ``AuditedCluster`` is the same local cluster with a policy that adds every read at the Metadata level
 (no body); the users the harness leaves out (KWOK, the scheduler, the controller-manager) stay out.
-``requests`` counts the events of one client (by User-Agent prefix) in a time window, reads and writes.
+``requests`` counts the requests of one client (by User-Agent prefix) in a time window, reads and writes;
+``requests_by_window`` the same for several windows in one reading of the log.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -19,12 +21,13 @@ from e2e.harness.reliability import WRITE_VERBS, audit_events, dry_run, parse_ti
 
 
 def write_audit_policy_with_reads(path: Path) -> Path:
-    """The harness's policy, plus reads (level Metadata: who, what, when; no body). Watches are logged
-    when they end (the RequestReceived and ResponseStarted stages are left out)."""
+    """The harness's policy, plus reads (level Metadata: who, what, when; no body). A watch is logged when
+    it starts (ResponseStarted, the stage only long-running requests have) and again when it ends, so that
+    one still open is counted too; :func:`requests` counts each request once."""
     policy = {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
-        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "omitStages": ["RequestReceived"],
         "rules": [
             {"level": "None", "users": list(AUDIT_QUIET_USERS)},
             {"level": "None", "userGroups": ["system:serviceaccounts:kube-system", "system:nodes"]},
@@ -50,17 +53,33 @@ def requests(
     """Requests by clients whose User-Agent starts with one of ``agents``, received in [since, until),
     counted by (verb, resource[/subresource], namespace); a dry run's verb is ``dryrun <verb>`` (it
     stores nothing: not a write)."""
-    counts: Counter[tuple[str, str, str]] = Counter()
-    for ev in audit_events(cluster.audit_log):
+    return requests_by_window(cluster.audit_log, agents, {"": (since, until)})[""]
+
+
+def requests_by_window(
+    log: Path, agents: tuple[str, ...], windows: Mapping[str, tuple[datetime, datetime | None]]
+) -> dict[str, Counter[tuple[str, str, str]]]:
+    """:func:`requests` for each named window [since, until) (until None: to the end of the log), read in
+    one pass over the audit log ``log``. Each request is counted once, by its audit ID (a watch has an event
+    when it starts and another when it ends)."""
+    counts: dict[str, Counter[tuple[str, str, str]]] = {name: Counter() for name in windows}
+    seen: set[str] = set()
+    for ev in audit_events(log):
         if not (ev.get("userAgent") or "").startswith(agents):
             continue
-        at = parse_time(ev["requestReceivedTimestamp"])
-        if at < since or (until is not None and at >= until):
+        audit_id = ev.get("auditID") or ""
+        if audit_id in seen:
             continue
+        if audit_id:
+            seen.add(audit_id)
+        at = parse_time(ev["requestReceivedTimestamp"])
         ref = ev.get("objectRef") or {}
         resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         verb = ev.get("verb", "")
-        counts[(f"dryrun {verb}" if dry_run(ev) else verb, resource, ref.get("namespace", ""))] += 1
+        key = (f"dryrun {verb}" if dry_run(ev) else verb, resource, ref.get("namespace", ""))
+        for name, (since, until) in windows.items():
+            if since <= at and (until is None or at < until):
+                counts[name][key] += 1
     return counts
 
 

@@ -69,11 +69,13 @@ def parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = 16) 
 
 
 class ProcStats:
-    """CPU seconds and peak RSS of one process, sampled from /proc."""
+    """CPU seconds and peak RSS of one process, sampled from /proc (and the peak of the current window, see
+    :meth:`window_peak`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.peak_rss = 0
+        self._window_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -88,12 +90,19 @@ class ProcStats:
                 return int(line.split()[1]) * 1024
         return 0
 
+    def window_peak(self) -> int:
+        """The peak RSS since the last call (since the start, the first time); a new window begins."""
+        peak, self._window_rss = self._window_rss, 0
+        return peak
+
     def _sample(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak_rss = max(self.peak_rss, self.rss())
+                rss = self.rss()
             except OSError:
                 return
+            self.peak_rss = max(self.peak_rss, rss)
+            self._window_rss = max(self._window_rss, rss)
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -285,18 +294,30 @@ def app(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return dep, svc
 
 
-def release(name: str, version: str, batches: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "greyrelease.io/v1",
-        "kind": "GreyRelease",
-        "metadata": {"name": name},
-        "spec": {
-            "targetRef": {"name": name},
-            "targetVersion": version,
-            "batches": batches,
-            "trafficRouting": {"service": {"name": name}},
-        },
-    }
+def release(name: str, version: str | None, batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """GreyRelease ``name`` of Deployment ``name`` in Service mode, to ``version``; without one (None), in
+    follow mode."""
+    spec: dict[str, Any] = {"targetRef": {"name": name}}
+    if version is not None:
+        spec["targetVersion"] = version
+    spec |= {"batches": batches, "trafficRouting": {"service": {"name": name}}}
+    return {"apiVersion": "greyrelease.io/v1", "kind": "GreyRelease", "metadata": {"name": name}, "spec": spec}
+
+
+def transition_lags(statuses: Iterable[dict[str, Any]], pauses: tuple[float, ...]) -> tuple[list[float], list[float]]:
+    """How late each batch transition came beyond its planned pause (``history[].finishedAt - readyAt``,
+    minus the pause of that batch, ``pauses[i]`` for batch i + 1): all of them, and those after a timed
+    pause only (a pause of 0 is none)."""
+    lags: list[float] = []
+    timed: list[float] = []
+    for status in statuses:
+        for rec, pause in zip(status.get("history") or [], pauses, strict=False):
+            ready, fin = parse_time(rec.get("readyAt")), parse_time(rec.get("finishedAt"))
+            if ready and fin:
+                lags.append((fin - ready).total_seconds() - pause)
+                if pause:
+                    timed.append(lags[-1])
+    return lags, timed
 
 
 def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> None:
@@ -309,19 +330,26 @@ def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: flo
 
 
 @contextlib.contextmanager
-def bench_cluster(workdir: Path) -> Iterator[tuple[Cluster, KubeClient]]:
-    """The cluster KUBECONFIG points at, else a local one started in ``workdir`` (stopped at the end), with
-    the CRDs applied; and a client whose own writes are not counted as the controller's."""
-    cluster = external_cluster()
+def bench_cluster(
+    workdir: Path,
+    local_cluster: Callable[[Path], LocalCluster] = LocalCluster,
+    *,
+    external: bool = True,
+    timeout: float = 15.0,
+) -> Iterator[tuple[Cluster, KubeClient]]:
+    """The cluster KUBECONFIG points at (unless not ``external``), else a local one made by ``local_cluster``
+    and started in ``workdir`` (stopped at the end), with the CRDs applied; and a client (giving up on a
+    request after ``timeout`` seconds) whose own writes are not counted as the controller's."""
+    cluster = external_cluster() if external else None
     local = None
     if cluster is None:
-        local = LocalCluster(workdir / "cluster")
+        local = local_cluster(workdir / "cluster")
         local.start()
         cluster = local
     try:
         cluster.kubectl("apply", "-f", str(CRD), "-f", str(POLICY_CRD))
         cluster.kubectl("wait", "--for=condition=Established", "crd/greyreleases.greyrelease.io", "--timeout=30s")
-        kube = KubeClient.from_environment(str(cluster.kubeconfig))
+        kube = KubeClient.from_environment(str(cluster.kubeconfig), timeout=timeout)
         kube.user_agent = "bench"
         yield cluster, kube
     finally:
@@ -421,15 +449,8 @@ def run_size(cluster: Cluster, kube: KubeClient, n: int, workdir: Path) -> dict[
             parse_time(g["status"].get("phaseStartedAt")) or datetime.fromtimestamp(t0).astimezone() for g in items
         )
         phases = Counter(g["status"]["phase"] for g in items)
-        lags: list[float] = []
-        timed: list[float] = []  # the transitions after a timed pause only (batch 1)
-        for g in items:
-            for rec, pause in zip(g["status"]["history"], (PAUSE, 0.0), strict=False):
-                ready, fin = parse_time(rec.get("readyAt")), parse_time(rec.get("finishedAt"))
-                if ready and fin:
-                    lags.append((fin - ready).total_seconds() - pause)
-                    if pause:
-                        timed.append(lags[-1])
+        # timed: the transitions after a timed pause only (batch 1)
+        lags, timed = transition_lags((g["status"] for g in items), (PAUSE, 0.0))
         cpu_release = stats.cpu() - cpu0
         counts1 = api_counts(kube)
         latency1 = api_latency(kube)

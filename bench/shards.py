@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,19 +36,31 @@ from greyrelease.kube.client import KubeClient, path
 from greyrelease.runtime.shards import shard_of
 
 from bench.compare.contender import DEADLINE
-from bench.run import PAUSE, ROOT, ProcStats, app, bench_cluster, controller_writes, parallel, pct, release, wait
+from bench.run import (
+    PAUSE,
+    ROOT,
+    ProcStats,
+    app,
+    bench_cluster,
+    controller_writes,
+    parallel,
+    pct,
+    release,
+    transition_lags,
+    wait,
+)
 
 SYSTEM = "bench-shards-system"
 GREYRELEASES = path("greyrelease.io", "v1", "greyreleases")
 
 
-def balanced_namespaces(count: int, shards: int) -> list[str]:
-    """``count`` namespace names, as many in each of ``shards`` shards as ``count`` allows."""
+def balanced_namespaces(count: int, shards: int, prefix: str = "bench-shards") -> list[str]:
+    """``count`` namespace names (``<prefix>-<i>``), as many in each of ``shards`` shards as ``count`` allows."""
     per = -(-count // shards)
     picked: dict[int, list[str]] = {k: [] for k in range(shards)}
     i = 0
     while sum(len(v) for v in picked.values()) < count:
-        name = f"bench-shards-{i}"
+        name = f"{prefix}-{i}"
         k = shard_of(name, shards)
         if len(picked[k]) < per:
             picked[k].append(name)
@@ -97,6 +110,83 @@ class Narrowings(threading.Thread):
             self._resp.close()
 
 
+class Replicas:
+    """``k`` controller processes (``greyrelease run``) watching every namespace: one without a Lease when
+    ``k`` is 1, else ``k`` run with ``--shards k`` and their Leases in namespace ``system``; each with its
+    /metrics port, its log ``<log>-<i>.log`` and its CPU and memory sampled (:class:`~bench.run.ProcStats`)."""
+
+    def __init__(
+        self, cluster: Cluster, k: int, system: str, log: Path, extra_args: Callable[[], list[str]] = list
+    ) -> None:
+        args = ["--shards", str(k), "--leader-election-namespace", system] if k > 1 else ["--no-leader-elect"]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stats: list[ProcStats] = []
+        self.metrics_ports: list[int] = []
+        for i in range(k):
+            self.metrics_ports.append(free_port())
+            out = log.with_name(f"{log.name}-{i}.log").open("wb")
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "greyrelease",
+                        "run",
+                        "--metrics-port",
+                        str(self.metrics_ports[-1]),
+                        *args,
+                        *extra_args(),
+                    ],
+                    cwd=ROOT,
+                    env=cluster.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            self.stats.append(ProcStats(self.procs[-1].pid))
+
+    def cpu(self) -> list[float]:
+        """Each replica's CPU seconds so far."""
+        return [s.cpu() for s in self.stats]
+
+    def stop(self) -> None:
+        for s in self.stats:
+            s.stop()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def abort_at_once(kube: KubeClient, held: list[tuple[str, str]], timeout: float = 180) -> list[float]:
+    """Aborts the releases ``held`` (namespace, name) at once, 8 writers, each as bench.run does (the
+    annotation ``greyrelease.io/abort=true``); for each, from its write returning to its Service narrowed to
+    a ReplicaSet, seen on a watch of every Service (seconds, in the order of ``held``)."""
+    watch = Narrowings(kube)
+    watch.start()
+    watch.started.wait(10)
+    time.sleep(0.5)
+    written: dict[tuple[str, str], float] = {}
+
+    def abort(item: tuple[str, str]) -> None:
+        kube.patch(
+            path("greyrelease.io", "v1", "greyreleases", item[0], item[1]),
+            {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}},
+        )
+        written[item] = time.time()
+
+    try:
+        parallel(abort, held, workers=8)
+        keys = set(held)
+        wait(lambda: len(keys & set(watch.narrowed)) >= len(keys), timeout, "all aborts narrowed", 0.2)
+    finally:
+        watch.close()
+    return [watch.narrowed[h] - written[h] for h in held]
+
+
 def run_shards(
     cluster: Cluster, kube: KubeClient, n: int, k: int, namespaces: list[str], workdir: Path
 ) -> dict[str, Any]:
@@ -123,23 +213,10 @@ def run_shards(
         return sum(1 for d in items if (d.get("status") or {}).get("readyReplicas") == 2)
 
     wait(lambda: ready_apps() == n, 600 * max(1.0, n / 1000), "apps ready", 2)
-    procs, stats = [], []
-    args = ["--shards", str(k), "--leader-election-namespace", SYSTEM] if k > 1 else ["--no-leader-elect"]
-    for i in range(k):
-        log = (workdir / f"controller-{n}-{k}-{i}.log").open("wb")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "greyrelease", "run", "--metrics-port", str(free_port()), *args],
-                cwd=ROOT,
-                env=cluster.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        stats.append(ProcStats(procs[-1].pid))
+    replicas = Replicas(cluster, k, SYSTEM, workdir / f"controller-{n}-{k}")
     try:
         time.sleep(10 if k > 1 else 5)  # the replicas share the shards, list and watch before the clock starts
-        cpu0 = sum(s.cpu() for s in stats)
+        cpu0 = sum(replicas.cpu())
         started = datetime.now(UTC)
         t0 = time.time()
         batches: list[dict[str, Any]] = [{"replicas": 1, "pause": f"{PAUSE:g}s"}, {"replicas": 2}]
@@ -162,13 +239,8 @@ def run_shards(
         items = releases()
         done_at = max(parse_time(g["status"].get("phaseStartedAt")) or started for g in items)
         phases = Counter(g["status"]["phase"] for g in items)
-        lags = []
-        for g in items:
-            rec = (g["status"].get("history") or [{}])[0]
-            ready, fin = parse_time(rec.get("readyAt")), parse_time(rec.get("finishedAt"))
-            if ready and fin:
-                lags.append((fin - ready).total_seconds() - PAUSE)
-        cpu_release = sum(s.cpu() for s in stats) - cpu0
+        lags, _ = transition_lags((g["status"] for g in items), (PAUSE,))
+        cpu_release = sum(replicas.cpu()) - cpu0
         writes: Counter[str] = Counter()
         for ns in namespaces:
             writes += controller_writes(cluster, ns, started)
@@ -194,23 +266,7 @@ def run_shards(
 
         wait(live, 900 * max(1.0, n / 1000), "held releases live", 2)
         time.sleep(10)  # the held canaries' pods settle
-        watch = Narrowings(kube)
-        watch.start()
-        watch.started.wait(10)
-        time.sleep(0.5)
-        written: dict[tuple[str, str], float] = {}
-
-        def abort(item: tuple[str, str]) -> None:
-            kube.patch(
-                path("greyrelease.io", "v1", "greyreleases", item[0], item[1]),
-                {"metadata": {"annotations": {"greyrelease.io/abort": "true"}}},
-            )
-            written[item] = time.time()
-
-        parallel(abort, held, workers=8)
-        wait(lambda: len(keys & set(watch.narrowed)) >= m, 180, "all aborts narrowed", 0.2)
-        watch.close()
-        aborts = [watch.narrowed[h] - written[h] for h in held]
+        aborts = abort_at_once(kube, held)
         return {
             "n": n,
             "shards": k,
@@ -223,19 +279,11 @@ def run_shards(
             "abort_p50_s": round(pct(aborts, 50), 3),
             "abort_p99_s": round(pct(aborts, 99), 3),
             "cpu_s": round(cpu_release, 1),
-            "peak_rss_mib": [round(s.peak_rss / 2**20, 1) for s in stats],
+            "peak_rss_mib": [round(s.peak_rss / 2**20, 1) for s in replicas.stats],
             "writes_per_transition": round(sum(writes.values()) / (2 * n), 2),
         }
     finally:
-        for s in stats:
-            s.stop()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        replicas.stop()
         for g in releases():
             kube.patch(
                 path("greyrelease.io", "v1", "greyreleases", g["metadata"]["namespace"], g["metadata"]["name"]),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.pki import Pki, create_pki
-from e2e.harness.podnet import PodNetSlot, claim_slot, release_slot, sweep_stale_netns
+from e2e.harness.podnet import PodNetSlot, claim_slot, release_slot, sweep_stale_netns, units_for
 from e2e.harness.process import (
     HERE,
     Process,
@@ -38,7 +38,7 @@ from e2e.harness.process import (
 NODE_NAMES = ("kwok-node-0", "kwok-node-1", "kwok-node-2")
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
-POD_CIDR = "10.244.0.0/16"  # each local cluster's pods get a /19 of it: see e2e/harness/podnet.py
+POD_CIDR = "10.244.0.0/16"  # each local cluster's pods get a /18 of it (or more): see e2e/harness/podnet.py
 KWOK_STAGES = sorted((HERE / "kwok").glob("*.yaml"))
 
 
@@ -229,7 +229,9 @@ class LocalCluster(Cluster):
         (bench/audit.py's adds reads)."""
         return write_audit_policy(path)
 
-    def __init__(self, workdir: Path, binaries: Path | None = None) -> None:
+    def __init__(self, workdir: Path, binaries: Path | None = None, *, pods: int = 0) -> None:
+        """``pods``: the most pods the cluster will run at once, when more than one pod network slot
+        addresses (16,382): it then claims adjacent slots (e2e/harness/podnet.py, ``units_for``)."""
         self.workdir = workdir
         self.bin = binaries or bin_dir()
         self.processes: list[Process] = []
@@ -241,6 +243,7 @@ class LocalCluster(Cluster):
         self._admin_ctx: ssl.SSLContext | None = None
         #: This cluster's share of the pod CIDR (KWOK's --cidr), claimed at start: see e2e/harness/podnet.py.
         self.pod_slot: PodNetSlot | None = None
+        self.pod_units = units_for(pods)
 
     # The public part ----------------------------------------------------------------------------------
 
@@ -259,7 +262,7 @@ class LocalCluster(Cluster):
                 raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run e2e/build/build.sh first")
             if self.pod_slot is None:
                 sweep_stale_netns()
-                self.pod_slot = claim_slot()
+                self.pod_slot = claim_slot(self.pod_units)
             try:
                 self._start_once(deadline)
             except ProcessDied as exc:

@@ -13,6 +13,11 @@ Slots are claimed with a file each (`$TMPDIR/greyrelease-podnet/slot-N`, holding
 clusters on one machine (two test runs at once) never share a pod CIDR or a route. A slot whose owner died
 (a test run killed with SIGKILL) is taken over by the next claim, which first deletes the dead owner's
 namespace; deleting a namespace deletes its veth pair, and the host's route through it goes with it.
+
+A cluster that runs more pods at once than a slot has addresses claims two or four adjacent slots (a /17
+or the whole /16; `units_for`), named after the first. It has to: KWOK hands out the address after the
+last one it gave without checking that it is still in its `--cidr`, so the pods past a slot's 16,382nd
+would get the next slot's addresses, and past the /16 the link nets' (10.245.0.0/16).
 """
 
 from __future__ import annotations
@@ -27,19 +32,33 @@ from pathlib import Path
 
 from e2e.harness.process import pid_alive
 
-POD_SUPERNET = ipaddress.ip_network("10.244.0.0/16")
+POD_SUPERNET = ipaddress.IPv4Network("10.244.0.0/16")
 SLOT_PREFIX = 18  # 4 slots of 16,382 pod addresses each: N = 3,000 apps of 2 pods peak at 12,000 pods
 SLOTS = 2 ** (SLOT_PREFIX - POD_SUPERNET.prefixlen)
+SLOT_ADDRESSES = 2 ** (32 - SLOT_PREFIX) - 2  # KWOK gives neither the network's address nor the last one
 NETNS_PREFIX = "greyrelease-pods-"
+
+
+def units_for(pods: int) -> int:
+    """How many adjacent slots (1, 2 or 4) hold the addresses of ``pods`` pods running at once."""
+    units = 1
+    while units * (SLOT_ADDRESSES + 2) - 2 < pods:
+        units *= 2
+        if units > SLOTS:
+            raise ValueError(f"{pods} pods at once: more than the {POD_SUPERNET} pod network's addresses")
+    return units
 
 
 @dataclass(frozen=True)
 class PodNetSlot:
     index: int
+    #: Adjacent slots held together, from ``index`` on (1, 2 or 4; ``index`` a multiple of it): one CIDR.
+    units: int = 1
 
     @property
     def pod_cidr(self) -> str:
-        return str(list(POD_SUPERNET.subnets(new_prefix=SLOT_PREFIX))[self.index])
+        first = list(POD_SUPERNET.subnets(new_prefix=SLOT_PREFIX))[self.index]
+        return str(first.supernet(new_prefix=SLOT_PREFIX - (self.units.bit_length() - 1)))
 
     @property
     def netns(self) -> str:
@@ -69,33 +88,52 @@ def _slot_owner(path: Path) -> int | None:
         return None
 
 
-def claim_slot() -> PodNetSlot:
-    """The first free slot, recorded as this process's; a slot whose owner is dead is cleaned and reused."""
+def _claim_one(index: int) -> bool:
+    """Slot ``index`` recorded as this process's, when it is free or its owner is dead (cleaned first)."""
+    path = slots_dir() / f"slot-{index}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _slot_owner(path)
+            if owner is None or pid_alive(owner):
+                return False  # taken (or being written this instant)
+            remove_netns(PodNetSlot(index).netns)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as out:
+            out.write(str(os.getpid()))
+        return True
+    return False
+
+
+def claim_slot(units: int = 1) -> PodNetSlot:
+    """The first ``units`` free adjacent slots (see :func:`units_for`), recorded as this process's; a slot
+    whose owner is dead is cleaned and reused."""
     directory = slots_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    for index in range(SLOTS):
-        path = directory / f"slot-{index}"
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = _slot_owner(path)
-                if owner is None or pid_alive(owner):
-                    break  # taken (or being written this instant)
-                remove_netns(PodNetSlot(index).netns)
-                path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as out:
-                out.write(str(os.getpid()))
-            return PodNetSlot(index)
-    raise RuntimeError(f"all {SLOTS} pod network slots in {directory} are held by running clusters; stop one of them")
+    for index in range(0, SLOTS, units):
+        claimed: list[int] = []
+        for i in range(index, index + units):
+            if not _claim_one(i):
+                break
+            claimed.append(i)
+        if len(claimed) == units:
+            return PodNetSlot(index, units)
+        for i in claimed:
+            (directory / f"slot-{i}").unlink(missing_ok=True)
+    raise RuntimeError(
+        f"no {units} adjacent pod network slot(s) of {SLOTS} in {directory} are free of running clusters; stop one"
+    )
 
 
 def release_slot(slot: PodNetSlot) -> None:
-    path = slots_dir() / f"slot-{slot.index}"
-    if _slot_owner(path) == os.getpid():
-        remove_netns(slot.netns)
-        path.unlink(missing_ok=True)
+    for index in range(slot.index, slot.index + slot.units):
+        path = slots_dir() / f"slot-{index}"
+        if _slot_owner(path) == os.getpid():
+            if index == slot.index:
+                remove_netns(slot.netns)
+            path.unlink(missing_ok=True)
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

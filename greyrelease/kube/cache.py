@@ -195,6 +195,8 @@ class Store:
             self._gone = {k: v for k, v in self._gone.items() if version is None or (v or 0) > version}
 
 
+#: Objects a page of a Reflector's list holds (client-go's reflectors list 500 at a time too).
+LIST_PAGE = 500
 #: How long a watch request stays open before the server ends it (it is reopened at once).
 WATCH_SECONDS = 290
 #: Waits before a Reflector lists or watches again after a failure (0.5, 1, 2, 4, then 5 s, each with up to
@@ -298,17 +300,36 @@ class Reflector:
     def _list(self) -> str | None:
         """The collection listed into the Store; the list's resourceVersion. In a function of its own so
         that the parsed list is freed before the watch, which may last 290 s (bench/README.md, "The lists freed
-        before the watch")."""
+        before the watch").
+
+        Listed in pages of :data:`LIST_PAGE` objects, as client-go's reflectors list: the API server serves
+        every page from the first one's snapshot (its resourceVersion), and each page is packed into the
+        Store before the next is read, so at most one page is held parsed. One list of everything held all
+        of it parsed at once, 10,000 Deployments at a controller's start, and the allocator kept the peak
+        (bench/README.md, "Lists in pages"). A continue token that expired meanwhile (410) fails the list,
+        which is tried again from the first page."""
+        query = {**(self.query or {}), "limit": str(LIST_PAGE)}
         try:
-            listed = self.kube.request("GET", self.collection, query=self.query)
+            page = self.kube.request("GET", self.collection, query=query)
         except NotFound:
             # The kind is not served (its CRD is not installed): there is none of it. Listed again after
             # the retry's wait, so a CRD installed later is seen.
             self.store.replace([], None)
             self.synced.set()
             raise
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "") or None
-        self.store.replace(listed.get("items") or [], int(version) if version and version.isdigit() else None)
+        version = str((page.get("metadata") or {}).get("resourceVersion") or "") or None
+
+        def items() -> Iterator[Obj]:
+            nonlocal page
+            while True:
+                yield from page.get("items") or []
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    return
+                page = {}  # the page read is let go before the next one is parsed
+                page = self.kube.request("GET", self.collection, query={**query, "continue": token})
+
+        self.store.replace(items(), int(version) if version and version.isdigit() else None)
         return version
 
     def _watch(self, version: str | None) -> str | None:

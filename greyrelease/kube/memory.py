@@ -10,7 +10,9 @@ passes on it exercises the same code paths as the controller does against a clus
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import threading
 import time
 import uuid
@@ -523,15 +525,29 @@ class MemoryKube:
             return found
         query = query or {}
         self._serve("LIST", ref)
+        limit = int(query.get("limit") or 0)
+        after: list[str] | None = None
+        version: int | str
+        if query.get("continue"):
+            version, after = json.loads(base64.b64decode(query["continue"]))
         with self._lock:
             self._keep_changes()
-            items = [
-                copy.deepcopy(o)
+            listed = [
+                (k, o)
                 for k, o in sorted(self._objects.items())
-                if self._within(k, ref) and self._matches(o, query)
+                if self._within(k, ref) and self._matches(o, query) and (after is None or list(k) > after)
             ]
-            version = self._current_version()
-        return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(version)}, "items": items}
+            if after is None:
+                version = self._current_version()
+            chunk = listed[:limit] if limit > 0 else listed
+            items = [copy.deepcopy(o) for _, o in chunk]
+        meta: dict[str, Any] = {"resourceVersion": str(version)}
+        if len(chunk) < len(listed):
+            # Unlike the API server, later pages hold the objects as they are now, not at the first page's
+            # version: a change made between the pages shows in them at its newer resourceVersion.
+            meta["continue"] = base64.b64encode(json.dumps([str(version), list(chunk[-1][0])]).encode()).decode()
+            meta["remainingItemCount"] = len(listed) - len(chunk)
+        return {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items}
 
     def watch(
         self,

@@ -18,6 +18,11 @@ replaced. So:
   one arena per busy thread (up to 8 per core), memory freed by one pass thread was not reused by the
   others (bench/README.md, "Garbage collection settings").
 
+- once a burst of passes is over, glibc hands the memory it keeps free back to the system
+  (``malloc_trim``, :class:`Trimmer`): a burst (a start with thousands of releases to enrol, a thousand
+  releases at once) leaves most of the memory it used free but kept, and the resident memory stayed at
+  the burst's peak for as long as the process ran (bench/README.md, "Lists in pages").
+
 ``GREYRELEASE_GC_THRESHOLDS`` (three integers, as ``gc.set_threshold``) overrides the thresholds.
 """
 
@@ -27,6 +32,9 @@ import ctypes
 import gc
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 
 ENV = "GREYRELEASE_GC_THRESHOLDS"
 THRESHOLDS = (10_000, 10, 10)
@@ -73,3 +81,66 @@ def settle() -> None:
     gc.collect()
     gc.freeze()
     log.debug(f"garbage collector: {gc.get_freeze_count()} objects frozen, thresholds {gc.get_threshold()}")
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to call
+        return None
+    return trim
+
+
+class Trimmer:
+    """Hands glibc's free memory back to the system after a burst of passes: when a pass ends with no other
+    running, at least ``after`` passes since the last trim and ``every`` seconds after it. A release at
+    rest makes a pass every resync period (15 minutes), so at rest it trims at most once every ``every``
+    seconds, and not at all below ``after`` passes. On an allocator other than glibc's it does nothing."""
+
+    def __init__(
+        self,
+        *,
+        every: float = 60.0,
+        after: int = 100,
+        trim: Callable[[int], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.every, self.after, self._clock = every, after, clock
+        self._trim = trim if trim is not None else _malloc_trim()
+        self._lock = threading.Lock()
+        self._passes = 0
+        self._last = clock()
+        self._trimming = False
+        #: How many times the memory was handed back, and the seconds it took in all.
+        self.trims = 0
+        self.seconds = 0.0
+
+    def passed(self, *, alone: bool) -> bool:
+        """A pass ended (``alone``: no other is running). True when a trim is due now: the caller runs
+        :meth:`trim`, off the event loop."""
+        with self._lock:
+            self._passes += 1
+            due = (
+                self._trim is not None
+                and alone
+                and not self._trimming
+                and self._passes >= self.after
+                and self._clock() - self._last >= self.every
+            )
+            if due:
+                self._trimming = True
+            return due
+
+    def trim(self) -> None:
+        if self._trim is None:
+            return
+        started = time.perf_counter()
+        try:
+            self._trim(0)
+        finally:
+            took = time.perf_counter() - started
+            with self._lock:
+                self._passes, self._last, self._trimming = 0, self._clock(), False
+                self.trims += 1
+                self.seconds += took
+            log.debug(f"free memory handed back to the system in {took * 1000:.1f} ms")

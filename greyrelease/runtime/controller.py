@@ -40,6 +40,7 @@ from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.reconciler import Outcome, Reconciler
 from greyrelease.reconcile.release_metrics import ReleaseSeries
+from greyrelease.runtime import collector
 from greyrelease.runtime.notifier import Notifier
 from greyrelease.runtime.pool import PassPool
 from greyrelease.runtime.scheduler import Scheduler
@@ -245,6 +246,8 @@ class Runtime:
         self.phases = phases or metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
+        #: glibc's free memory handed back after a burst of passes (greyrelease.runtime.collector).
+        self.trimmer = collector.Trimmer()
 
     @property
     def pool(self) -> PassPool:
@@ -341,11 +344,13 @@ class Runtime:
         try:
             outcome = await self.reconcile(*key, urgent=urgent, abort=abort)
         except Exception as err:
+            self._passed()
             failures = registry.failures[key] = registry.failures.get(key, 0) + 1
             wait = backoff(failures, conflict=isinstance(err, Conflict))
             log.warning(f"[{key[0]}/{key[1]}] reconcile failed ({err}); retrying in {wait:g}s")
             return wait
         registry.failures.pop(key, None)
+        self._passed()
         if outcome is None:  # the release is gone
             registry.unwatch(key)
             registry.following.discard(key)
@@ -366,6 +371,11 @@ class Runtime:
         # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was recorded ready,
         # however long the pass's own writes took.
         return max(0.0, outcome.decided_at + timeout - time.monotonic())
+
+    def _passed(self) -> None:
+        """A pass ended: once a burst is over, glibc's free memory is handed back, on a thread of the loop's."""
+        if self.trimmer.passed(alone=self.scheduler.running <= 1):
+            asyncio.get_running_loop().run_in_executor(None, self.trimmer.trim)
 
     # --- watch events --------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ import kopf
 import orjson
 
 from greyrelease.api.release import GROUP, PLURAL, VERSION, Obj
+from greyrelease.kube.cache import LIST_PAGE
 from greyrelease.kube.client import KubeClient
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.held import HeldSelfTest
@@ -81,6 +82,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.posting.level = logging.CRITICAL
     settings.posting.reporting_component = "greyrelease"
     settings.watching.server_timeout = 300
+    # kopf lists the releases at its start in pages, as the Deployments and Services are listed
+    # (greyrelease.kube.cache.LIST_PAGE): one list of 10,000 was held parsed all at once.
+    settings.watching.chunk_size = LIST_PAGE
     # kopf waits this long for more events of an object before handling the last one (0.1 s by
     # default); every abort, pause and promote annotation waits it out.
     settings.batching.batch_window = 0.02

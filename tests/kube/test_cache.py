@@ -340,3 +340,49 @@ def test_reflector_retries_after_an_error_without_losing_its_place(monkeypatch: 
     reflector.stop()
     assert scripted.calls == ["list", "watch@10", "watch@10", "watch@12"]
     assert version_of(reflector.store, "a") == "12"
+
+
+def test_reflector_lists_in_pages_of_the_first_page_s_version_and_keeps_every_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1,201 Deployments on the in-memory API server listed 500 at a time: three LISTs, the last two carrying
+    the continue token of the page before, every object in the Store, the watch from the first page's
+    version."""
+    monkeypatch.setattr("greyrelease.kube.cache.LIST_PAGE", 500)
+    kube = MemoryKube(*(deployment(f"app-{i:04}") for i in range(1201)))
+    queries: list[dict[str, str]] = []
+    served = kube.request
+
+    def request(method: str, ref: Ref, **kw: Any) -> dict[str, Any]:
+        queries.append(dict(kw.get("query") or {}))
+        return served(method, ref, **kw)
+
+    monkeypatch.setattr(kube, "request", request)
+    reflector = Reflector(kube, DEPLOYMENTS).start()
+    try:
+        assert reflector.synced.wait(5)
+        assert len(reflector.store) == 1201
+        assert reflector.store.get("default", "app-1200") is not None
+    finally:
+        reflector.stop()
+        kube.end_watches()
+    assert [q.get("limit") for q in queries] == ["500", "500", "500"]
+    assert "continue" not in queries[0] and all(q.get("continue") for q in queries[1:])
+    assert [verb for verb, _ in kube.requests] == ["LIST", "LIST", "LIST", "WATCH"]
+
+
+def test_the_in_memory_api_server_pages_a_list_and_says_how_many_are_left() -> None:
+    kube = MemoryKube(*(deployment(f"app-{i}") for i in range(5)))
+    first = kube.request("GET", DEPLOYMENTS, query={"limit": "2"})
+    token = first["metadata"]["continue"]
+    assert [o["metadata"]["name"] for o in first["items"]] == ["app-0", "app-1"]
+    assert first["metadata"]["remainingItemCount"] == 3
+    second = kube.request("GET", DEPLOYMENTS, query={"limit": "2", "continue": token})
+    last = kube.request("GET", DEPLOYMENTS, query={"limit": "2", "continue": second["metadata"]["continue"]})
+    assert [o["metadata"]["name"] for o in second["items"] + last["items"]] == ["app-2", "app-3", "app-4"]
+    assert "continue" not in last["metadata"]
+    assert (
+        second["metadata"]["resourceVersion"]
+        == last["metadata"]["resourceVersion"]
+        == first["metadata"]["resourceVersion"]
+    )

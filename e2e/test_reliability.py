@@ -403,7 +403,18 @@ def test_api_server_restart_mid_release(
         assert controller.proc is not None and controller.proc.poll() is None, "the controller exited"
         # The rest also waits for the controller-manager and KWOK, whose watches reconnect with their own
         # backoff (up to a minute after a long outage).
-        st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=180)
+        try:
+            st = wait_phase(cluster, namespace, "web", TERMINAL, timeout=180)
+        except AssertionError:
+            # Which side stood still: the release's last word, and what the API server holds of the canary
+            # (the controller-manager's and KWOK's part) against what the controller logged.
+            print("release:", status(cluster, namespace, "web").get("message"))
+            shown = cluster.kubectl("-n", namespace, "get", "deploy,rs,pods", "-o", "wide", check=False)
+            print(shown.stdout, shown.stderr)
+            canary = cluster.kubectl("-n", namespace, "get", "deploy", "web-canary", "-o", "json", check=False)
+            print("web-canary status:", json.loads(canary.stdout or "{}").get("status"))
+            print(controller.logs()[-3000:])
+            raise
         assert st["phase"] == "Succeeded", (st, controller.logs())
         assert [h["batch"] for h in st["history"]] == [1, 2, 3, 4]
         assert batch_ready_counts(release_events(cluster, namespace).get("web", {})) == {1: 1, 2: 1, 3: 1, 4: 1}

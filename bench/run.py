@@ -190,7 +190,7 @@ def api_latency(kube: KubeClient) -> tuple[Totals, Totals]:
     return api_counts(kube, name, "_sum"), api_counts(kube, name, "_count")
 
 
-def _histograms(port: int, name: str) -> dict[str, tuple[list[tuple[float, float]], float, float]]:
+def metric_histograms(port: int, name: str) -> dict[str, tuple[list[tuple[float, float]], float, float]]:
     """One histogram of the controller's /metrics, by its label values: (buckets (le, count), sum, count)."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -212,7 +212,7 @@ def _histograms(port: int, name: str) -> dict[str, tuple[list[tuple[float, float
     return out
 
 
-def _le(buckets: list[tuple[float, float]], count: float, share: float) -> float:
+def bucket_bound(buckets: list[tuple[float, float]], count: float, share: float) -> float:
     """The bucket bound under which ``share`` of the observations fall."""
     return next((le for le, n in sorted(buckets) if count and n >= share * count), float("nan"))
 
@@ -220,19 +220,19 @@ def _le(buckets: list[tuple[float, float]], count: float, share: float) -> float
 def reconcile_durations(port: int) -> dict[str, float]:
     """The controller's reconcile pass durations (its /metrics histogram, queueing for a thread included):
     the mean and the bucket bound under which 99% fall."""
-    buckets, total, count = _histograms(port, "greyrelease_reconcile_duration_seconds").get("", ([], 0.0, 0.0))
-    p99 = _le(buckets, count, 0.99)
+    buckets, total, count = metric_histograms(port, "greyrelease_reconcile_duration_seconds").get("", ([], 0.0, 0.0))
+    p99 = bucket_bound(buckets, count, 0.99)
     return {"passes": count, "mean_s": round(total / count, 4) if count else float("nan"), "p99_le_s": p99}
 
 
 def gc_pauses(port: int) -> dict[str, float]:
     """The controller's garbage collections by generation (2, the oldest, walks every object; every
     thread waits for each): how many, their total, and the bucket bound of the longest; and the total."""
-    by_generation = _histograms(port, "greyrelease_gc_pause_seconds")
+    by_generation = metric_histograms(port, "greyrelease_gc_pause_seconds")
     out: dict[str, float] = {}
     for g in ("0", "1", "2"):
         buckets, total, count = by_generation.get(g, ([], 0.0, 0.0))
-        out |= {f"gen{g}_n": count, f"gen{g}_s": round(total, 3), f"gen{g}_max_le_s": _le(buckets, count, 1.0)}
+        out |= {f"gen{g}_n": count, f"gen{g}_s": round(total, 3), f"gen{g}_max_le_s": bucket_bound(buckets, count, 1.0)}
     out["all_s"] = round(sum(t for _, t, _ in by_generation.values()), 3)
     return out
 

@@ -54,6 +54,7 @@ from e2e.harness.reliability import CONTROLLER_AGENTS
 from greyrelease.api.release import parse_time
 from greyrelease.kube.client import JSON_PATCH, KubeClient, path
 from greyrelease.kube.workload import canary_name
+from greyrelease.runtime.controller import Tuning
 
 from bench import audit
 from bench.compare.contender import DEADLINE
@@ -64,6 +65,8 @@ from bench.run import (
     ProcStats,
     app,
     bench_cluster,
+    bucket_bound,
+    metric_histograms,
     parallel,
     pct,
     reconcile_durations,
@@ -243,18 +246,40 @@ def summarise_rest(r: Rest) -> dict[str, Any]:
     }
 
 
+def lags_by_window(statuses: list[dict[str, Any]], window: tuple[float, float]) -> tuple[list[float], list[float]]:
+    """The transition lags (as :func:`bench.run.transition_lags`) split by when each transition was due (its
+    batch seen ready plus its pause): within ``window`` (epoch seconds, the aborts and the hold on routine
+    passes after them) and outside it."""
+    inside: list[float] = []
+    outside: list[float] = []
+    for status in statuses:
+        for rec, pause in zip(status.get("history") or [], (PAUSE, 0.0), strict=False):
+            ready, fin = parse_time(rec.get("readyAt")), parse_time(rec.get("finishedAt"))
+            if ready and fin:
+                due = ready.timestamp() + pause
+                # A transition due before the window but still waiting when it began was held by it too.
+                held = due <= window[1] and fin.timestamp() >= window[0]
+                (inside if held else outside).append((fin - ready).total_seconds() - pause)
+    return inside, outside
+
+
 def burst_figures(
-    statuses: dict[Key, dict[str, Any]], aborted: list[Key], aborts: list[float], started: float
+    statuses: dict[Key, dict[str, Any]],
+    aborted: list[Key],
+    aborts: list[float],
+    started: float,
+    abort_window: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """The burst's outcome from its releases' final statuses: phases; how long from the first image written
     to the last release ended; the transition lag of those that ran their batches (bench.run's: batch 1
-    after its 2 s pause, batch 2 without one); the abort latencies."""
+    after its 2 s pause, batch 2 without one), and split by ``abort_window`` (while aborts come in, the
+    controller holds routine passes back, up to its ``abort_hold_max``); the abort latencies."""
     cut = set(aborted)
     released = [s for k, s in statuses.items() if k not in cut and s.get("phase") == "Succeeded"]
     lags, timed = transition_lags(released, (PAUSE, 0.0))
     ends = [parse_time(s.get("phaseStartedAt")) for s in statuses.values()]
     end = max((e.timestamp() for e in ends if e is not None), default=float("nan"))
-    return {
+    out: dict[str, Any] = {
         "phases": dict(Counter(str(s.get("phase")) for s in statuses.values())),
         "duration_s": round(end - started, 1),
         "lag_p50_s": round(pct(lags, 50), 3),
@@ -264,6 +289,53 @@ def burst_figures(
         "abort_p50_s": round(pct(aborts, 50), 3),
         "abort_p99_s": round(pct(aborts, 99), 3),
     }
+    if abort_window is not None:
+        inside, outside = lags_by_window(released, abort_window)
+        out |= {
+            "abort_window_s": round(abort_window[1] - abort_window[0], 2),
+            "lag_in_abort_window_n": len(inside),
+            "lag_in_abort_window_p99_s": round(pct(inside, 99), 3),
+            "lag_outside_n": len(outside),
+            "lag_outside_p99_s": round(pct(outside, 99), 3),
+        }
+    return out
+
+
+#: The controller's histograms read before and after the burst (summed over replicas): its pass threads'
+#: queue (by kind, urgent or routine) and its passes' durations (that queue included).
+WAITS = {"wait": "greyrelease_pass_wait_seconds", "pass": "greyrelease_reconcile_duration_seconds"}
+
+Histograms = dict[str, tuple[dict[float, float], float, float]]  # label -> ({le: count}, sum, count)
+
+
+def histograms(ports: list[int]) -> Histograms:
+    """The :data:`WAITS` histograms of every replica, summed, keyed "<what>" or "<what>:<label>"."""
+    out: Histograms = {}
+    for port in ports:
+        for what, name in WAITS.items():
+            for label, (buckets, total, count) in metric_histograms(port, name).items():
+                key = f"{what}:{label}" if label else what
+                les, s, c = out.get(key, ({}, 0.0, 0.0))
+                for le, n in buckets:
+                    les[le] = les.get(le, 0.0) + n
+                out[key] = (les, s + total, c + count)
+    return out
+
+
+def waits_between(before: Histograms, after: Histograms) -> dict[str, Any]:
+    """What the histograms gained between two reads: per key, how many, the mean and the bucket bound under
+    which 99 % fall (seconds)."""
+    out: dict[str, Any] = {}
+    for key, (les, total, count) in after.items():
+        les0, total0, count0 = before.get(key, ({}, 0.0, 0.0))
+        n = count - count0
+        buckets = [(le, c - les0.get(le, 0.0)) for le, c in les.items()]
+        out[key] = {
+            "n": n,
+            "mean_s": round((total - total0) / n, 4) if n else None,
+            "p99_le_s": bucket_bound(buckets, n, 0.99) if n else None,
+        }
+    return out
 
 
 # --- the run -----------------------------------------------------------------------------------------
@@ -404,6 +476,7 @@ def run_standing(
         for s in replicas.stats:
             s.window_peak()
         cpu_burst = replicas.cpu()
+        waits0 = histograms(replicas.metrics_ports)
         burst_from, burst_started = datetime.now(UTC), time.time()
         image = [{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": IMAGE_V2}]
         parallel(
@@ -418,13 +491,17 @@ def run_standing(
 
         wait(held_at_pause, 600 * scale, f"{len(aborted)} releases held at their manual pause", 1)
         in_flight = cfg.burst - len(aborted) - releases.count([b for b in burst if b not in cut], TERMINAL)
+        aborts_from = time.time()
         aborts = abort_at_once(kube, aborted, timeout=180 * scale) if aborted else []
+        # The aborts' window, and the longest the controller then holds routine passes back (its default).
+        abort_window = (aborts_from, time.time() + Tuning.abort_hold_max)
         wait(lambda: releases.count(burst, TERMINAL) == cfg.burst, 1800 * scale, f"{cfg.burst} releases ended", 2)
         windows["burst"] = (burst_from, datetime.now(UTC))
         burst_result = {
             "images_written_s": round(patched, 1),
             "in_flight_at_the_aborts": in_flight,
-            **burst_figures({key: releases.of(key) for key in burst}, aborted, aborts, burst_started),
+            **burst_figures({key: releases.of(key) for key in burst}, aborted, aborts, burst_started, abort_window),
+            "controller_waits": waits_between(waits0, histograms(replicas.metrics_ports)),
             "cpu_s": [round(b - a, 1) for a, b in zip(cpu_burst, replicas.cpu(), strict=True)],
             "peak_rss_mib": [mib(s.window_peak()) for s in replicas.stats],
         }
@@ -540,6 +617,7 @@ def report(results: list[dict[str, Any]], cfg: Config, command: str, out: Path) 
             "aborts began |",
             f"| burst: transition lag p50 / p99 (after the timed pause only, p99) | {b['lag_p50_s']} / "
             f"{b['lag_p99_s']} s ({b['timed_lag_p99_s']} s) |",
+            *split_rows(b),
             f"| burst: abort latency ({b['abort_n']} at once) p50 / p99 | {b['abort_p50_s']} / {b['abort_p99_s']} s |",
             f"| burst: CPU; peak RSS | {per_replica(b['cpu_s'], 's')}; {per_replica(b['peak_rss_mib'], 'MiB')} |",
             f"| burst: controller requests | writes: {listed(b['requests']['writes_by_request'])}; reads: "
@@ -554,6 +632,27 @@ def report(results: list[dict[str, Any]], cfg: Config, command: str, out: Path) 
     lines += ["", "```json", *(json.dumps(r) for r in results), "```", ""]
     out.write_text("\n".join(lines))
     out.with_name("standing.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def split_rows(b: dict[str, Any]) -> list[str]:
+    """The burst's lag split by the aborts' window, and the controller's own queue and passes over the burst
+    (absent from runs before they were measured)."""
+    rows = []
+    if "lag_outside_n" in b:
+        rows.append(
+            f"| burst: transition lag p99 due within the aborts' window ({b['abort_window_s']} s, the hold on "
+            f"routine passes included) / outside it | {b['lag_in_abort_window_p99_s']} s "
+            f"({b['lag_in_abort_window_n']} transitions) / {b['lag_outside_p99_s']} s ({b['lag_outside_n']}) |"
+        )
+    waits = b.get("controller_waits") or {}
+    if waits:
+        cells = [
+            f"{key}: {w['n']:.0f}, mean {w['mean_s']} s, p99 under {w['p99_le_s']} s"
+            for key, w in sorted(waits.items())
+            if w["n"]
+        ]
+        rows.append(f"| burst: the controller's pass queue (wait:kind) and passes (pass) | {'; '.join(cells)} |")
+    return rows
 
 
 def rest_rows(what: str, w: dict[str, Any]) -> list[str]:

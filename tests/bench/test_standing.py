@@ -12,7 +12,18 @@ from typing import Any
 
 import pytest
 from bench.run import transition_lags
-from bench.standing import Rest, burst_figures, by_verb, layout, peak_pods, requests_figures, settled, summarise_rest
+from bench.standing import (
+    Rest,
+    burst_figures,
+    by_verb,
+    lags_by_window,
+    layout,
+    peak_pods,
+    requests_figures,
+    settled,
+    summarise_rest,
+    waits_between,
+)
 
 from bench import audit
 
@@ -101,6 +112,36 @@ def test_the_burst_lag_counts_the_released_ones_and_the_aborts_are_apart() -> No
     assert b["abort_n"] == 2 and b["abort_p99_s"] == 0.4
     lags, timed = transition_lags([statuses[("a", "x")]], (2.0, 0.0))
     assert lags == [0.5, 0.0] and timed == [0.5]
+
+
+def test_the_burst_lag_is_split_by_the_aborts_window_held_or_due_within_it_inside() -> None:
+    t = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    statuses = [
+        # batch 1 due at 03 (ready 01 + the 2 s pause), ended 07: waiting when the window (05-10) began
+        {"history": [history("01", "07"), history("08", "08.2")]},
+        # due at 02, ended 02.5, both before the window; batch 2 due at 12, after it
+        {"history": [history("00", "02.5"), history("12", "12.1")]},
+    ]
+    inside, outside = lags_by_window(statuses, (t + 5, t + 10))
+    assert inside == [4.0, 0.2] and outside == [0.5, 0.1]
+    statuses_by_key = {("a", str(i)): {"phase": "Succeeded", **s} for i, s in enumerate(statuses)}
+    b = burst_figures(statuses_by_key, [], [], t, (t + 5, t + 10))
+    assert b["abort_window_s"] == 5.0 and b["lag_in_abort_window_n"] == 2 and b["lag_outside_n"] == 2
+    assert b["lag_in_abort_window_p99_s"] == 4.0 and b["lag_outside_p99_s"] == 0.5
+    assert "lag_outside_n" not in burst_figures(statuses_by_key, [], [], t)
+
+
+def test_the_controller_waits_over_the_burst_are_what_the_histograms_gained() -> None:
+    before = {"wait:routine": ({0.1: 10.0, 1.0: 10.0, 5.0: 10.0}, 0.5, 10.0)}
+    after = {
+        "wait:routine": ({0.1: 15.0, 1.0: 40.0, 5.0: 110.0}, 160.5, 110.0),
+        "wait:urgent": ({0.1: 3.0, 1.0: 3.0, 5.0: 3.0}, 0.03, 3.0),
+        "pass": ({0.1: 0.0, 1.0: 0.0, 5.0: 0.0}, 0.0, 0.0),
+    }
+    w = waits_between(before, after)
+    assert w["wait:routine"] == {"n": 100.0, "mean_s": 1.6, "p99_le_s": 5.0}
+    assert w["wait:urgent"] == {"n": 3.0, "mean_s": 0.01, "p99_le_s": 0.1}
+    assert w["pass"] == {"n": 0.0, "mean_s": None, "p99_le_s": None}
 
 
 def test_a_paused_deployment_holding_a_template_is_settled_with_its_old_pods() -> None:

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,7 +233,11 @@ class Runtime:
         self.kube.cache(path(GROUP, VERSION, PLURAL), self.releases, lists=True)
         self.registry = Registry()
         #: The one queue of the releases' passes: each release's next pass, when it is due.
-        self.scheduler: Scheduler[Key] = Scheduler(self.run_pass, in_flight=self.tuning.in_flight)
+        self.scheduler: Scheduler[Key] = Scheduler(
+            self.run_pass, in_flight=self.tuning.in_flight, promote=self.promote_pass
+        )
+        #: Each release's pass handed to the threads and not ended (to move it ahead: :meth:`promote_pass`).
+        self._submitted: dict[Key, Future[Outcome | None]] = {}
         #: The notification sender (started by :meth:`start_notifier`): the passes queue the notifications
         #: of the Events they create, and it sends them on a thread of its own.
         self.notifier = Notifier(self.kube) if notifications else None
@@ -325,12 +330,24 @@ class Runtime:
     ) -> Outcome | None:
         """One pass on a pool thread. The plan's Events were posted by the reconciler, before its status
         write (exactly once)."""
+        key = (namespace, name)
         with metrics.RECONCILE.time():
-            outcome = await asyncio.wrap_future(
-                self.pool.submit(self.reconciler.reconcile, namespace, name, urgent=urgent, holds_routine=abort)
-            )
-        self.phases.record((namespace, name), outcome.plan if outcome else None)
+            future = self.pool.submit(self.reconciler.reconcile, namespace, name, urgent=urgent, holds_routine=abort)
+            self._submitted[key] = future
+            try:
+                outcome = await asyncio.wrap_future(future)
+            finally:
+                if self._submitted.get(key) is future:
+                    del self._submitted[key]
+        self.phases.record(key, outcome.plan if outcome else None)
         return outcome
+
+    def promote_pass(self, key: Key) -> None:
+        """Someone asked for ``key`` while its routine pass waits for a thread: that pass goes ahead (it reads
+        the release when it starts, so it does what was asked; an abort's holds routine passes back)."""
+        future = self._submitted.get(key)
+        if future is not None and self._pool is not None:
+            self._pool.promote(future, holds_routine=key in self.registry.aborting)
 
     async def run_pass(self, key: Key, urgent: bool) -> float | None:
         """One pass of a release, for the scheduler: the seconds until its next one (the plan's

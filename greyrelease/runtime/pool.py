@@ -86,6 +86,26 @@ class PassPool:
             self._cond.notify()
         return future
 
+    def promote(self, future: Future[Any], *, holds_routine: bool = False) -> bool:
+        """A routine pass still queued becomes urgent (someone asked for its release meanwhile: the pass reads
+        the release when it starts, so it sees what was asked); ``holds_routine`` as in :meth:`submit`. False
+        when it is not queued as routine (urgent already, running or done)."""
+        with self._cond:
+            # A scan: queued routine passes are at most the scheduler's places, and a person's ask is rare.
+            for i, work in enumerate(self._routine):
+                if work.future is not future:
+                    continue
+                del self._routine[i]
+                work.urgent = True
+                if holds_routine:
+                    work.holds_routine = True
+                    self._holding += 1
+                    self._last_hold = time.monotonic()
+                self._urgent.append(work)
+                self._cond.notify()
+                return True
+            return False
+
     def queued(self) -> int:
         """Work waiting for a thread."""
         with self._cond:

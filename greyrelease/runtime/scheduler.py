@@ -16,9 +16,15 @@ pass is due. It works as controller-runtime's work queue does:
 - **Delayed adds.** A timer is a key due later; one loop timer (``call_at``) stands for the earliest of
   them, whatever the number of releases.
 - **Priority.** A key asked for by a person (an abort, a new spec) goes ahead of routine keys among those
-  due, here and again in the pass threads' own queue (:class:`~greyrelease.runtime.pool.PassPool`).
-- **Bounded.** At most ``in_flight`` passes are handed to the threads at once; the rest wait here as keys
-  (a controller started over 10,000 releases queues 10,000 keys, not 10,000 tasks).
+  due, here and again in the pass threads' own queue (:class:`~greyrelease.runtime.pool.PassPool`). A key
+  asked for urgently while its routine pass is handed out but has not started is told to ``promote``,
+  which moves that pass ahead in the threads' queue: otherwise the person's ask would wait for it there,
+  behind every routine pass queued, or held back by aborts, before it.
+- **Bounded.** At most ``in_flight`` routine passes are handed to the threads at once, and at most as many
+  urgent ones; the rest wait here as keys (a controller started over 10,000 releases queues 10,000 keys, not
+  10,000 tasks). The urgent ones have places of their own: while aborts come in, the pass threads hold the
+  routine passes handed to them back (:class:`~greyrelease.runtime.pool.PassPool`), and routine passes
+  holding every place would keep the next abort out until that hold ran out (up to 3 s at 10,000 releases).
 
 A pass ends by saying when its key is due again (its plan's ``requeue_after``, the backoff after a failure)
 or never. A person's ask that came in meanwhile wins over that.
@@ -50,10 +56,17 @@ class Scheduler(Generic[K]):
     (not due again until asked for). It must not raise: a pass that fails says when to try again. On the
     event loop's thread only."""
 
-    def __init__(self, run: Callable[[K, bool], Awaitable[float | None]], *, in_flight: int = 256) -> None:
+    def __init__(
+        self,
+        run: Callable[[K, bool], Awaitable[float | None]],
+        *,
+        in_flight: int = 256,
+        promote: Callable[[K], None] | None = None,
+    ) -> None:
         if in_flight < 1:
             raise ValueError("in_flight must be at least 1")
         self._run = run
+        self._promote = promote  # told of a key asked for urgently while its routine pass runs
         self._in_flight = in_flight
         #: When each queued key is due (time.monotonic); the heap holds (due, key) pairs, and a pair whose due
         #: is no longer the key's (asked for sooner since, or run) is skipped when it comes up.
@@ -67,6 +80,7 @@ class Scheduler(Generic[K]):
         self._routine: deque[K] = deque()
         #: Keys whose pass runs, and of those, the ones asked for again meanwhile (the value: urgently).
         self._running: dict[K, asyncio.Task[None]] = {}
+        self._running_urgent = 0  # of the passes running, the urgent ones (places of their own)
         self._again: dict[K, bool] = {}
         #: Keys whose passes are held off (another driver has them for a while, see :meth:`exclusive`).
         self._held: dict[K, asyncio.Event] = {}
@@ -82,7 +96,10 @@ class Scheduler(Generic[K]):
             return
         if key in self._running:
             if delay <= 0:
-                self._again[key] = self._again.get(key, False) or urgent
+                was = self._again.get(key, False)
+                self._again[key] = was or urgent
+                if urgent and not was and self._promote is not None:
+                    self._promote(key)
             else:
                 self._later(key, time.monotonic() + delay)
             return
@@ -209,8 +226,11 @@ class Scheduler(Generic[K]):
             (self._urgent if urgent else self._routine).append(key)
 
     def _take(self) -> tuple[K, bool] | None:
-        """The next ready key that may run now (urgent first), or None."""
+        """The next ready key that may run now (urgent first, each kind within its places), or None."""
         for queue, urgent in ((self._urgent, True), (self._routine, False)):
+            running = self._running_urgent if urgent else len(self._running) - self._running_urgent
+            if running >= self._in_flight:
+                continue
             skipped: list[K] = []
             found: tuple[K, bool] | None = None
             while queue:
@@ -229,11 +249,12 @@ class Scheduler(Generic[K]):
         return None
 
     def _fill(self) -> None:
-        while not self._stopped and len(self._running) < self._in_flight:
+        while not self._stopped:
             taken = self._take()
             if taken is None:
                 return
             key, urgent = taken
+            self._running_urgent += urgent
             self._running[key] = asyncio.get_running_loop().create_task(self._pass(key, urgent))
 
     async def _pass(self, key: K, urgent: bool) -> None:
@@ -245,6 +266,7 @@ class Scheduler(Generic[K]):
             after = 10.0
         finally:
             del self._running[key]
+            self._running_urgent -= urgent
         if self._stopped:
             return
         again = self._again.pop(key, None)

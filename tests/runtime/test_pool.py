@@ -215,3 +215,32 @@ def test_a_failing_wait_report_costs_neither_the_pass_nor_the_thread() -> None:
     assert pool.submit(lambda: 7).result(timeout=5) == 7
     assert pool.submit(lambda: 8).result(timeout=5) == 8
     pool.stop()
+
+
+def test_a_queued_routine_pass_promoted_goes_ahead_of_the_routine_ones_once() -> None:
+    pool = PassPool(1)
+    gate, _ = _blocked(pool)  # the one thread is busy: everything below queues
+    ran: list[str] = []
+    first, second, third = (pool.submit(ran.append, name) for name in ("routine-1", "routine-2", "asked-for"))
+    assert pool.promote(third)
+    assert not pool.promote(third)  # urgent already
+    gate.set()
+    for f in (first, second, third):
+        f.result(timeout=5)
+    assert ran == ["asked-for", "routine-1", "routine-2"]
+    assert not pool.promote(third)  # done
+    pool.stop()
+
+
+def test_a_pass_promoted_for_an_abort_holds_the_routine_ones_back() -> None:
+    pool = PassPool(1, hold=0.2, hold_max=30)
+    gate, _ = _blocked(pool)
+    ended: list[float] = []
+    routine = pool.submit(time.monotonic)
+    aborting = pool.submit(lambda: ended.append(time.monotonic()))
+    assert pool.promote(aborting, holds_routine=True)
+    gate.set()
+    started = routine.result(timeout=5)
+    aborting.result(timeout=5)
+    assert started - ended[0] >= 0.2  # ran after it, and after the quiet time
+    pool.stop()

@@ -309,3 +309,47 @@ def test_a_release_runs_to_its_end_on_the_runtime_s_queue() -> None:
     phase, due, running = run(test)
     assert phase == "Succeeded" and running == 0
     assert due is not None and due > 600
+
+
+def test_urgent_keys_have_places_of_their_own_which_routine_passes_cannot_take() -> None:
+    async def test() -> tuple[list[tuple[str, bool]], int]:
+        passes = Passes()
+        s = Scheduler(passes, in_flight=1)
+        gate = asyncio.Event()
+        for key in ("routine", "routine-2", "urgent", "urgent-2"):
+            passes.gates[key] = gate
+        s.add("routine")  # takes the one routine place, and holds it (routine passes may be held back)
+        s.add("routine-2")
+        s.add("urgent", urgent=True)
+        s.add("urgent-2", urgent=True)
+        await settle()
+        during = list(passes.log)
+        gate.set()
+        await settle()
+        return during, len(passes.log)
+
+    during, ran = run(test)
+    assert during == [("routine", False), ("urgent", True)]  # one place of each kind
+    assert ran == 4
+
+
+def test_a_key_asked_for_urgently_while_its_routine_pass_runs_is_promoted_once() -> None:
+    async def test() -> tuple[list[str], list[tuple[str, bool]]]:
+        passes = Passes()
+        promoted: list[str] = []
+        s = Scheduler(passes, promote=promoted.append)
+        passes.gates["a"] = gate = asyncio.Event()
+        s.add("a")
+        await settle()
+        s.add("a")  # routine: nothing to move ahead
+        assert promoted == []
+        s.add("a", urgent=True)
+        s.add("a", urgent=True)
+        s.add("a", 5.0, urgent=True)  # a timer: not now
+        gate.set()
+        await settle()
+        return promoted, passes.log
+
+    promoted, log = run(test)
+    assert promoted == ["a"]
+    assert log == [("a", False), ("a", True)]  # and it still runs once more, urgently, after that pass

@@ -4,7 +4,9 @@ urgently; and when it is due again after a pass (its plan's timer, the backoff a
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import cast
 
 import pytest
@@ -307,3 +309,41 @@ def test_a_resync_period_that_is_not_positive_is_refused_naming_the_flag(
 
     assert main(["run", f"--resync-seconds={seconds}"]) == 2
     assert f"--resync-seconds {float(seconds):g}" in capsys.readouterr().err
+
+
+def test_a_release_asked_for_while_its_routine_pass_waits_for_a_thread_has_that_pass_go_first() -> None:
+    """An abort of a release whose routine pass is queued behind others (or held back by other aborts) is not
+    left waiting for that pass: the pass is moved ahead, and reads the release as it then is."""
+    ran: list[str] = []
+    gate = threading.Event()
+
+    async def run() -> None:
+        rt = Runtime(MemoryKube(), tuning=Tuning(threads=1))
+        loop, busy = asyncio.get_running_loop(), asyncio.Event()
+
+        def reconcile(namespace: str, name: str, *, now: datetime | None = None) -> Outcome | None:
+            if name == "busy":
+                loop.call_soon_threadsafe(busy.set)
+                gate.wait(5)
+            ran.append(name)
+            return None
+
+        rt.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+        try:
+            rt.scheduler.add(("shop", "busy"))
+            await asyncio.wait_for(busy.wait(), 5)  # the one thread is busy: the passes below queue
+            for name in ("first", "second", "asked-for"):
+                rt.scheduler.add(("shop", name))
+            await asyncio.sleep(0.05)
+            rt.scheduler.add(("shop", "asked-for"), urgent=True)
+            gate.set()
+            for _ in range(500):
+                if len(ran) == 5:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            rt.stop()
+
+    asyncio.run(run())
+    assert ran[:2] == ["busy", "asked-for"]
+    assert sorted(ran) == ["asked-for", "asked-for", "busy", "first", "second"]  # and once more, urgently

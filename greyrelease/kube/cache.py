@@ -226,7 +226,9 @@ class Reflector:
     """Keeps a :class:`Store` in step with one collection (list + watch) on a thread of its own.
 
     ``on_change(event_type, obj)`` is called on that thread after each watch event is in the Store (not
-    for the objects of a list).
+    for the objects of a list), and ``on_relist()`` after every list but the first: a watch too old to
+    resume (410 Gone, after an outage) is followed by a list, and whatever changed in between came with no
+    event.
 
     Why a reflector of our own and not kopf's watches (``kopf.on.event``), which feed the GreyReleases'
     store: measured with the benchmark, Deployments and Services fed through kopf instead of these
@@ -245,12 +247,14 @@ class Reflector:
         store: Store | None = None,
         on_change: Callable[[str, Obj], None] | None = None,
         query: dict[str, str] | None = None,
+        on_relist: Callable[[], None] | None = None,
     ) -> None:
         self.kube = kube
         self.collection = collection
         self.query = query or None
         self.store = store if store is not None else Store()
         self.on_change = on_change
+        self.on_relist = on_relist
         self.synced = threading.Event()
         self._version: str | None = None
         self._stopping = threading.Event()
@@ -293,8 +297,14 @@ class Reflector:
     def _follow(self) -> None:
         """List when there is no version to go on from, then watch until the server ends the watch."""
         if self._version is None:
+            again = self.synced.is_set()
             self._version = self._list()
             self.synced.set()
+            if again and self.on_relist is not None:
+                try:
+                    self.on_relist()
+                except Exception:  # a listener's failure must not stop the watch
+                    log.exception(f"listener of {self.collection} failed")
         self._version = self._watch(self._version)
 
     def _list(self) -> str | None:

@@ -32,9 +32,13 @@ from greyrelease.planner.batches import Step, expand
 from greyrelease.planner.images import label_value, target_image
 from greyrelease.planner.observed import HeldCheck, Images, Observed, Workload, project
 
-#: How long to wait for a change before looking again while something converges. Deployment watch
-#: events wake the release sooner; this is only the safety net.
-CONVERGE_POLL = 10.0
+#: How long to wait for a change before looking again while something converges: only the net under a
+#: lost wake-up. Each change of a Deployment the release waits on wakes it, and so does a relist of the
+#: Deployments (after a watch too old to resume, when changes came with no event). 30 s, not 10: every
+#: release waiting on pods looked again this often, a pass each for nothing, and on a slow cluster those
+#: passes were a share of the controller's CPU that grew with the time pods took (bench/README.md,
+#: "The net under lost wake-ups").
+CONVERGE_POLL = 30.0
 #: How often a batch whose canary pods are ready looks again for them among the canary Service's
 #: endpoints. Nothing watches EndpointSlices (a cache of every slice in the cluster, for a wait of a
 #: fraction of a second once per batch): the release polls, one LIST of the Service's slices a time.

@@ -448,6 +448,14 @@ class Runtime:
             elif self.registry.waiting.get(key):
                 self.scheduler.add(key, self.tuning.deployment_settle)
 
+    def deployments_relisted(self, namespace: str | None) -> None:
+        """The Deployments of ``namespace`` (None: of the cluster) were listed again (their watch too old to
+        resume, after an outage): what changed meanwhile, a canary become ready, a Deployment deleted, came
+        with no event, so every release there about a Deployment looks again. On the event loop."""
+        for key in list(self.registry.watching):
+            if namespace is None or key[0] == namespace:
+                self.scheduler.add(key, self.tuning.deployment_settle)
+
     async def watch(self, api: Watchable, namespaces: list[str]) -> None:
         """Deployments and Services in memory: one reflector of each per watched namespace (one for the
         cluster when none is named), until :meth:`stop`. A changed Deployment wakes the releases about it.
@@ -463,9 +471,24 @@ class Runtime:
 
         query = {"shardSelector": self.shard.selector} if self.shard is not None else None
 
-        def reflect(group: str, version: str, plural: str, store: Store, on_change: Any = None) -> list[Reflector]:
+        def relisted(namespace: str | None) -> Callable[[], None]:
+            def wake() -> None:
+                loop.call_soon_threadsafe(self.deployments_relisted, namespace)
+
+            return wake
+
+        def reflect(
+            group: str, version: str, plural: str, store: Store, on_change: Any = None, relists: bool = False
+        ) -> list[Reflector]:
             found = [
-                Reflector(api, path(group, version, plural, ns), store, on_change=on_change, query=query).start()
+                Reflector(
+                    api,
+                    path(group, version, plural, ns),
+                    store,
+                    on_change=on_change,
+                    query=query,
+                    on_relist=relisted(ns) if relists else None,
+                ).start()
                 for ns in ([*namespaces] if namespaces else [None])
             ]
             self.kube.cache(path(group, version, plural), store, ready=lambda: all(r.synced.is_set() for r in found))
@@ -474,7 +497,7 @@ class Runtime:
         def policy(kind: str, obj: Obj) -> None:
             loop.call_soon_threadsafe(self.policy_changed, kind, obj)
 
-        deployments = reflect("apps", "v1", "deployments", self.deployments, changed)
+        deployments = reflect("apps", "v1", "deployments", self.deployments, changed, relists=True)
         # The policies are cluster-scoped: one reflector whatever the namespaces watched. Lists of them are
         # served from memory once the first list is in; until then they go to the API server, so a release
         # never starts a batch without the freezes and limits that apply to it.

@@ -26,6 +26,8 @@ from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus
 from greyrelease.planner.actions import Action, PrepareRouting, SetWeight
 from greyrelease.planner.machine import Observed, Workload, decide
 
+from tests.support.recorded import poll_as_recorded
+
 FIXTURE = Path(__file__).parent / "fixtures" / "decisions_before_batch_state.jsonl"
 #: Status fields the earlier controller did not write.
 NEW_FIELDS: frozenset[str] = frozenset(
@@ -123,6 +125,11 @@ def test_the_fixture_covers_every_phase_and_both_sides_of_a_batch() -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_an_old_status_reads_back_as_it_was_stored(case: dict[str, Any]) -> None:
     assert _dump(GreyReleaseStatus.model_validate(case["status"])) == _upgraded(case["status"])
+
+
+@pytest.fixture(autouse=True)
+def _poll_as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    poll_as_recorded(monkeypatch)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

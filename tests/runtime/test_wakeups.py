@@ -71,6 +71,27 @@ def test_an_unrelated_deployment_wakes_nothing() -> None:
     assert wakes(r, [("MODIFIED", 0.0), ("DELETED", 0.0)]) == 0
 
 
+def test_a_relist_of_the_deployments_wakes_the_releases_about_one_in_that_namespace() -> None:
+    """What changed while the watch could not resume came with no event: after the relist, every release
+    about a Deployment there looks again, waiting on it or not (one may have been deleted)."""
+
+    async def run() -> list[tuple[str, str]]:
+        rt = Counting(MemoryKube(), tuning=Tuning(deployment_settle=0.01))
+        rt.registry.watch(("shop", "web"), ("web", "web-canary"), waiting=True)
+        rt.registry.watch(("shop", "api"), ("api",), waiting=False)
+        rt.registry.watch(("other", "web"), ("web",), waiting=True)
+        rt.deployments_relisted("shop")
+        woken = sorted(
+            k for k in (("shop", "web"), ("shop", "api"), ("other", "web")) if rt.scheduler.due(k) is not None
+        )
+        rt.deployments_relisted(None)  # a reflector of the whole cluster
+        assert len(rt.scheduler) == 3
+        rt.stop()
+        return woken
+
+    assert asyncio.run(run()) == [("shop", "api"), ("shop", "web")]
+
+
 def test_a_release_deleted_loses_its_pending_pass() -> None:
     async def run() -> int:
         rt = Counting(MemoryKube(), tuning=Tuning(deployment_settle=0.05))

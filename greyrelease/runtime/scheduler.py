@@ -24,7 +24,7 @@ pass is due. It works as controller-runtime's work queue does:
   urgent ones; the rest wait here as keys (a controller started over 10,000 releases queues 10,000 keys, not
   10,000 tasks). The urgent ones have places of their own: while aborts come in, the pass threads hold the
   routine passes handed to them back (:class:`~greyrelease.runtime.pool.PassPool`), and routine passes
-  holding every place would keep the next abort out until that hold ran out (up to 3 s at 10,000 releases).
+  holding every place would keep the next abort out until that hold ran out (``abort_hold_max``, 3 s).
 
 A pass ends by saying when its key is due again (its plan's ``requeue_after``, the backoff after a failure)
 or never. A person's ask that came in meanwhile wins over that.

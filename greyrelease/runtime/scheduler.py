@@ -50,7 +50,7 @@ K = TypeVar("K", bound=Hashable)
 
 
 class Scheduler(Generic[K]):
-    """Passes of keys, each when it is due, one at a time per key, at most ``in_flight`` at once.
+    """Passes of keys, each when it is due, one at a time per key, at most ``in_flight`` of each kind at once.
 
     ``run(key, urgent)`` is one pass; it returns the seconds after which the key is due again, or None
     (not due again until asked for). It must not raise: a pass that fails says when to try again. On the

@@ -268,7 +268,7 @@ async def _run(args: argparse.Namespace) -> int:
     from greyrelease.runtime import operator  # noqa: F401 - registers the handlers
     from greyrelease.runtime.controller import Tuning
     from greyrelease.runtime.health import serve as serve_health
-    from greyrelease.runtime.leader import Lease, keep, lead
+    from greyrelease.runtime.leader import Lease, keep, lead, request_timeout
 
     namespaces = args.namespace or []
     state = {"role": "starting"}
@@ -342,7 +342,11 @@ async def _run(args: argparse.Namespace) -> int:
         from greyrelease.runtime.shards import live_members
 
         # The Lease's calls are not retried inside an attempt: the next renewal is the retry (retry.ONCE).
-        lease = Lease(KubeClient.from_environment(retry=ONCE), namespace=lease_ns, lease_seconds=args.lease_seconds)
+        lease = Lease(
+            KubeClient.from_environment(retry=ONCE, timeout=request_timeout(args.lease_seconds)),
+            namespace=lease_ns,
+            lease_seconds=args.lease_seconds,
+        )
         state["role"] = "standby"
 
         def sharded_alive() -> list[str]:

@@ -23,7 +23,7 @@ from greyrelease.reconcile import metrics
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
 from greyrelease.runtime.controller import Shard, Tuning
-from greyrelease.runtime.leader import identity
+from greyrelease.runtime.leader import identity, request_timeout
 from greyrelease.runtime.shards import Held, Shards, selector
 
 log = logging.getLogger("greyrelease.runtime.shards")
@@ -65,7 +65,7 @@ async def run_sharded(
     shard, 1 when a shard's operator failed. ``selftest``, the process's self-test of the hold, is every
     shard's runtime's."""
     # The Leases' calls are not retried inside an attempt: the next renewal is the retry (retry.ONCE).
-    api = KubeClient.from_environment(retry=ONCE)
+    api = KubeClient.from_environment(retry=ONCE, timeout=request_timeout(lease_seconds))
     me = identity()
     api.user_agent = f"greyrelease/{me}"  # the audit log tells the replicas apart
     try:

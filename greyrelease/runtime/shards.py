@@ -31,17 +31,20 @@ import contextlib
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from greyrelease.api.release import Obj, parse_time
 from greyrelease.kube.protocol import Kube, path
-from greyrelease.runtime.leader import LEASE_NAME, Lease
+from greyrelease.runtime.leader import LEASE_NAME, Lease, Renewing
 
 log = logging.getLogger("greyrelease.runtime.shards")
+T = TypeVar("T")
 
 SPACE = 1 << 64  # the API server's hash space: FNV-1a, 64 bits
 FIELD = "object.metadata.namespace"
@@ -169,18 +172,36 @@ def decide(n: int, me: str, holders: dict[int, str], members: Iterable[str]) -> 
 
 @dataclass
 class Held:
-    """A shard this replica holds, with when its Lease was last renewed (monotonic)."""
+    """A shard this replica holds, with when its Lease was last renewed (monotonic). Its Lease is renewed
+    on a thread of its own (:class:`~greyrelease.runtime.leader.Renewing`), which calls :meth:`renew`."""
 
     k: int
     renewed: float
     lease_seconds: int
     renew_every: float
     running: asyncio.Task[None] | None = field(default=None, repr=False)
+    renewing: Renewing | None = field(default=None, repr=False)
+    dropped: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def writable(self) -> bool:
         """True while writes of this shard are safe: the Lease was renewed less than
         ``lease_seconds - renew_every`` ago, well before anyone else may take it."""
         return time.monotonic() - self.renewed < self.lease_seconds - self.renew_every
+
+    def renew(self, at: float) -> None:
+        """A renewal begun at ``at`` succeeded (on the renewing thread). Once dropped, the shard stays
+        unwritable whatever a renewal under way at the drop says."""
+        with self._lock:
+            if not self.dropped:
+                self.renewed = max(self.renewed, at)
+
+    def drop(self) -> None:
+        with self._lock:
+            self.dropped = True
+            self.renewed = -math.inf  # no write of this shard from now on
+        if self.renewing is not None:
+            self.renewing.stop()
 
 
 class Shards:
@@ -212,6 +233,9 @@ class Shards:
         self.held: dict[int, Held] = {}
         self.changed: Callable[[list[int]], None] = lambda _: None
         self._announced = False
+        # The Leases' reads and takes wait for no other blocking call of the process (the loop's default
+        # executor also runs the runtimes' waits for their first lists, up to a minute each).
+        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shard leases")
 
     def _lease(self, name: str, labels: dict[str, str] | None = None) -> Lease:
         return Lease(
@@ -238,13 +262,15 @@ class Shards:
 
     async def run(self, stopping: asyncio.Event) -> None:
         member = self._lease(member_name(self.me), {MEMBER_LABEL: str(self.n)})
+        renewing = Renewing(member, self.renew_every, lambda _: None)
         try:
             # One round of only being a member first: replicas started together see each other before
             # taking anything, instead of the first one taking every shard and handing them back.
             await self._safely(member.try_hold)
+            renewing.start()
             await self._wait(stopping, self.renew_every)
             while not stopping.is_set():
-                await self._round(member)
+                await self._round()
                 if any(h.running is not None and h.running.done() for h in self.held.values()):
                     log.info("a shard's operator stopped by itself; stopping all")
                     return
@@ -252,21 +278,21 @@ class Shards:
         finally:
             for k in sorted(self.held):
                 await self._drop(k, release=True)
+            renewing.stop()
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.kube.delete, member.path)
+                await self._call(renewing.join, self.lease_seconds)
+                await self._call(self.kube.delete, member.path)
+            self._io.shutdown(wait=False)
 
-    async def _round(self, member: Lease) -> None:
-        await self._safely(member.try_hold)
+    async def _round(self) -> None:
         for k, held in list(self.held.items()):
-            if await self._safely(self._lease(lease_name(k, self.n)).try_hold):
-                held.renewed = time.monotonic()
-            elif not held.writable():
+            if not held.writable():  # its thread did not renew it in time
                 log.error(
                     f"shard {k}: the Lease was not renewed for {self.lease_seconds - self.renew_every:g}s; stopping it"
                 )
                 await self._drop(k, release=False)
         try:
-            holders, members, leader = await asyncio.to_thread(self._look)
+            holders, members, leader = await self._call(self._look)
         except Exception as err:  # an unreachable API server: hold on to what is held, take nothing
             log.warning(f"shard leases not read: {err}")
             return
@@ -293,8 +319,11 @@ class Shards:
             )
             await self._drop(k, release=True)
         for k in moves.take:
-            if await self._safely(self._lease(lease_name(k, self.n)).try_hold):
-                held = Held(k, time.monotonic(), self.lease_seconds, self.renew_every)
+            lease = self._lease(lease_name(k, self.n))
+            at = time.monotonic()
+            if await self._safely(lease.try_hold):
+                held = Held(k, at, self.lease_seconds, self.renew_every)
+                held.renewing = Renewing(lease, self.renew_every, held.renew).start()
                 self.held[k] = held
                 log.info(f"holding shard {k} of {self.n}")
                 held.running = asyncio.create_task(self.start(k, held), name=f"shard {k}")
@@ -306,20 +335,24 @@ class Shards:
         held = self.held.pop(k, None)
         if held is None:
             return
-        held.renewed = -math.inf  # no write of this shard from now on
+        held.drop()  # no write of this shard from now on, and no renewal begun
         await self.stop(k)
         if held.running is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(held.running, timeout=30)
         if release:
+            if held.renewing is not None:  # a renewal under way would undo the release
+                await self._call(held.renewing.join, self.lease_seconds)
             await self._safely(self._lease(lease_name(k, self.n)).release)
         log.info(f"shard {k} stopped" + (" and its Lease released" if release else ""))
         self.changed(sorted(self.held))
 
-    @staticmethod
-    async def _safely(fn: Callable[..., object], *args: object) -> bool:
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    async def _safely(self, fn: Callable[..., object], *args: object) -> bool:
         try:
-            return bool(await asyncio.to_thread(fn, *args))
+            return bool(await self._call(fn, *args))
         except Exception as err:  # an unreachable API server is a failed attempt
             log.warning(f"lease attempt failed: {err}")
             return False

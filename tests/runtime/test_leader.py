@@ -81,3 +81,43 @@ def test_a_candidate_that_read_the_lease_before_another_took_it_over_does_not_ta
     late = ReadBeforeTheTakeover()
     assert not Lease(late, namespace="ns", me="b").try_hold()  # its PUT of the stale version is refused
     assert old.holder() == "c"
+
+
+def test_the_leader_keeps_its_lease_while_its_event_loop_is_busy_and_steps_down_when_cut_off() -> None:
+    import asyncio
+    import time
+
+    from greyrelease.kube.memory import MemoryKube
+    from greyrelease.runtime.leader import Lease, keep
+
+    kube = MemoryKube()
+    cut = [False]
+
+    class Cuttable:
+        def __getattr__(self, name: str) -> Any:
+            if cut[0]:
+                raise ConnectionError("cut off from the API server")
+            return getattr(kube, name)
+
+    lease = Lease(Cuttable(), namespace="ns", me="a", lease_seconds=1)
+    assert lease.try_hold()
+
+    async def scenario() -> float:
+        lost = asyncio.Event()
+        keeper = asyncio.create_task(keep(lease, lost, renew_every=0.2))
+        await asyncio.sleep(0)
+        time.sleep(2.0)  # the loop blocked for two leases: the renewals went on meanwhile
+        await asyncio.sleep(0.3)
+        assert not lost.is_set()
+        renewed = datetime.fromisoformat((kube.get(lease.path) or {})["spec"]["renewTime"].replace("Z", "+00:00"))
+        assert (datetime.now(UTC) - renewed).total_seconds() < 1.0
+        cut[0] = True
+        await asyncio.wait_for(lost.wait(), timeout=10)
+        stepped_down = datetime.now(UTC)
+        await keeper
+        last = datetime.fromisoformat((kube.get(lease.path) or {})["spec"]["renewTime"].replace("Z", "+00:00"))
+        return (stepped_down - last).total_seconds()
+
+    stepped_down = asyncio.run(scenario())
+    print(f"stepped down {stepped_down:.2f}s after the last renewal (lease 1 s, renewed every 0.2 s)")
+    assert stepped_down < 1.0  # before the Lease (1 s after the last renewal) could be taken by another

@@ -171,6 +171,57 @@ def test_a_replica_cut_off_stops_writing_before_another_takes_its_shard_over() -
     assert [lease["metadata"]["name"] for lease in leases if lease["spec"].get("holderIdentity")] == []
 
 
+def test_a_replica_whose_event_loop_is_busy_keeps_its_shards() -> None:
+    # A replica starting thousands of releases keeps its event loop busy for seconds at a time. Its Leases
+    # are renewed on threads of their own, so its shards stay writable (and held) all along; renewed
+    # through the loop, they stopped being writable 0.8 s into the block.
+    kube = MemoryKube()
+    seen: list[bool] = []
+    flags: dict[int, asyncio.Event] = {}
+
+    async def start(k: int, held: Held) -> None:
+        flags[k] = asyncio.Event()
+        await flags[k].wait()  # an operator runs until told to stop
+
+    async def stop(k: int) -> None:
+        flags.pop(k).set()
+
+    async def scenario() -> None:
+        stopping = asyncio.Event()
+        shards = Shards(kube, namespace="system", n=1, me="a", start=start, stop=stop, lease_seconds=1, renew_every=0.2)
+        loop = asyncio.create_task(shards.run(stopping))
+        for _ in range(500):
+            if shards.held:
+                break
+            await asyncio.sleep(0.01)
+        held = shards.held[0]
+        end = time.monotonic() + 2.5  # the loop blocked for 2.5 leases
+        while time.monotonic() < end:
+            seen.append(held.writable())
+            time.sleep(0.01)
+        await asyncio.sleep(0.5)
+        assert 0 in shards.held
+        stopping.set()
+        await loop
+
+    asyncio.run(scenario())
+    assert len(seen) > 100 and all(seen), f"unwritable in {seen.count(False)} of {len(seen)} samples"
+
+
+def test_a_dropped_shard_stays_unwritable_whatever_a_renewal_under_way_reports() -> None:
+    held = Held(0, time.monotonic(), 10, 2.0)
+    assert held.writable()
+    held.drop()
+    held.renew(time.monotonic())  # the renewing thread's attempt began before the drop and ended after it
+    assert not held.writable()
+    fresh = Held(1, time.monotonic() - 9, 10, 2.0)
+    assert not fresh.writable()
+    fresh.renew(time.monotonic())
+    assert fresh.writable()
+    fresh.renew(time.monotonic() - 9)  # an older attempt ending late does not move the renewal back
+    assert fresh.writable()
+
+
 def member(holder: str, count: int, joined: str, renewed: str = "2026-12-04T10:00:05Z") -> dict[str, Any]:
     return {
         "metadata": {"name": f"greyrelease-member-{holder}", "labels": {"greyrelease.io/member": str(count)}},

@@ -5,7 +5,8 @@ comparison of two controllers also wants their reads (GET, LIST, WATCH), by user
 ``AuditedCluster`` is the same local cluster with a policy that adds every read at the Metadata level
 (no body); the users the harness leaves out (KWOK, the scheduler, the controller-manager) stay out.
 ``requests`` counts the requests of one client (by User-Agent prefix) in a time window, reads and writes;
-``requests_by_window`` the same for several windows in one reading of the log.
+``requests_by_window`` the same for several windows in one reading of the log; ``write_lines`` lists writes
+with their bodies (what a write where none was expected changed).
 """
 
 from __future__ import annotations
@@ -81,6 +82,37 @@ def requests_by_window(
             if since <= at and (until is None or at < until):
                 counts[name][key] += 1
     return counts
+
+
+def write_lines(
+    log: Path, agents: tuple[str, ...], since: datetime, until: datetime | None = None, *, limit: int = 20
+) -> list[str]:
+    """The first ``limit`` writes (Leases and dry runs left out) by clients whose User-Agent starts with one
+    of ``agents`` received in [since, until), one line each: when, the verb, the object and the body sent
+    (cut at 400 characters), so that a write where none was expected says what it changed."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for ev in audit_events(log):
+        if not (ev.get("userAgent") or "").startswith(agents) or ev.get("verb") not in WRITE_VERBS or dry_run(ev):
+            continue
+        ref = ev.get("objectRef") or {}
+        audit_id = ev.get("auditID") or ""
+        if ref.get("resource") == "leases" or audit_id in seen:
+            continue
+        seen.add(audit_id)
+        at = parse_time(ev["requestReceivedTimestamp"])
+        if at < since or (until is not None and at >= until):
+            continue
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        body = json.dumps(ev.get("requestObject"), separators=(",", ":"), sort_keys=True)
+        code = (ev.get("responseStatus") or {}).get("code", "")
+        out.append(
+            f"{at:%H:%M:%S.%f} {ev['verb']} {resource} {ref.get('namespace', '')}/{ref.get('name', '')} "
+            f"-> {code}: {body[:400]}"
+        )
+        if len(out) >= limit:
+            break
+    return out
 
 
 def split(counts: Counter[tuple[str, str, str]]) -> dict[str, Counter[str]]:

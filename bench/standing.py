@@ -522,6 +522,9 @@ def run_standing(
         counted = audit.requests_by_window(cluster.audit_log, CONTROLLER_AGENTS, windows)
         figures = {name: requests_figures(audit.split(c)) for name, c in counted.items()}
         idle.requests, rest.requests = figures["idle"], figures["rest"]
+        for name, r in (("idle", idle), ("rest", rest)):
+            if r.requests["writes"]:  # none is expected at rest: say which objects and what was sent
+                r.requests["writes_seen"] = audit.write_lines(cluster.audit_log, CONTROLLER_AGENTS, *windows[name])
         start["requests"] = figures["start"]
         burst_result["requests"] = figures["burst"]
         return {
@@ -655,6 +658,11 @@ def split_rows(b: dict[str, Any]) -> list[str]:
     return rows
 
 
+def cell(text: str) -> str:
+    """``text`` in a cell of a Markdown table (a pipe would end the cell)."""
+    return text.replace("|", "\\|")
+
+
 def rest_rows(what: str, w: dict[str, Any]) -> list[str]:
     req = w["requests"]
     leases = f"; Leases: {req['lease_reads']} reads, {req['lease_writes']} writes" if req["lease_writes"] else ""
@@ -667,6 +675,7 @@ def rest_rows(what: str, w: dict[str, Any]) -> list[str]:
         f"| {what}: controller requests | writes: {listed(req['writes_by_request'])}; reads by verb: "
         f"{listed(req['reads_by_verb'])} ({listed(req['reads'])}); dry runs: {listed(req['dry_runs'])}{leases}; "
         f"{'quiet (no write, no GET)' if w['quiet'] else 'NOT quiet'} |",
+        *(f"| {what}: a write | `{cell(line)}` |" for line in req.get("writes_seen", [])),
     ]
 
 

@@ -20,6 +20,7 @@ from bench.standing import (
     layout,
     peak_pods,
     requests_figures,
+    rest_rows,
     settled,
     summarise_rest,
     waits_between,
@@ -188,3 +189,47 @@ def test_each_request_is_counted_once_in_each_window_it_was_received_in(tmp_path
     assert counted["first"] == {("watch", "deployments", "ns"): 1, ("list", "deployments", "ns"): 1}
     assert counted["all"] == {("watch", "deployments", "ns"): 2, ("list", "deployments", "ns"): 1}
     assert math.isclose(sum(counted["all"].values()), 3)
+
+
+def test_a_write_at_rest_is_listed_with_its_object_and_body_and_leases_are_left_out(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+
+    def write(audit_id: str, second: int, resource: str, body: dict[str, Any], agent: str = "greyrelease") -> str:
+        ev = json.loads(event(audit_id, "patch", second, agent=agent))
+        ev["objectRef"] = {"resource": resource, "namespace": "ns", "name": "app", "subresource": "status"}
+        ev["requestObject"] = body
+        ev["responseStatus"] = {"code": 200}
+        return json.dumps(ev) + "\n"
+
+    log.write_text(
+        write("a", 5, "greyreleases", {"status": {"message": "x|y"}})
+        + write("b", 6, "leases", {"spec": {}})  # leader election: not a write of the releases
+        + write("c", 7, "greyreleases", {"status": {}}, agent="kubectl")
+        + write("d", 25, "greyreleases", {"status": {}})  # after the window
+        + event("e", "get", 8)
+    )
+    at = [datetime(2026, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 20)]
+    seen = audit.write_lines(log, ("greyrelease",), at[0], at[1])
+    assert seen == ['00:00:05.000000 patch greyreleases/status ns/app -> 200: {"status":{"message":"x|y"}}']
+    row = rest_rows(
+        "again at rest",
+        {
+            "minutes": 2.0,
+            "rss_mib": [1.0],
+            "peak_rss_mib": [1.0],
+            "cpu_s_per_min": [0.1],
+            "cpu_s_busiest_min": [0.2],
+            "passes_per_min": 0.0,
+            "quiet": False,
+            "requests": {
+                "lease_reads": 0,
+                "lease_writes": 0,
+                "writes_by_request": {"patch greyreleases/status": 1},
+                "reads_by_verb": {},
+                "reads": {},
+                "dry_runs": {},
+                "writes_seen": seen,
+            },
+        },
+    )[-1]
+    assert row.startswith("| again at rest: a write | `00:00:05") and "x\\|y" in row and row.count(" | ") == 1

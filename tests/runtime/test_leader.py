@@ -121,3 +121,33 @@ def test_the_leader_keeps_its_lease_while_its_event_loop_is_busy_and_steps_down_
     stepped_down = asyncio.run(scenario())
     print(f"stepped down {stepped_down:.2f}s after the last renewal (lease 1 s, renewed every 0.2 s)")
     assert stepped_down < 1.0  # before the Lease (1 s after the last renewal) could be taken by another
+
+
+def test_a_renewal_is_one_write_and_a_lease_written_meanwhile_by_another_is_read_first() -> None:
+    from collections import Counter
+
+    from greyrelease.kube.memory import MemoryKube
+    from greyrelease.runtime.leader import Lease
+
+    kube = MemoryKube()
+    calls: Counter[str] = Counter()
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            calls[name] += 1
+            return getattr(kube, name)
+
+    a = Lease(Counting(), namespace="ns", me="a", lease_seconds=1)
+    assert a.try_hold()
+    assert calls == {"get": 1, "create": 1}
+    calls.clear()
+    assert a.try_hold() and a.try_hold()
+    assert calls == {"replace": 2}  # no read before a renewal
+    # The Lease expired and b took it: a's renewal of the version it wrote is refused, and a reads it.
+    lease = kube.get(a.path) or {}
+    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+    kube.put(lease)
+    assert Lease(kube, namespace="ns", me="b", lease_seconds=1).try_hold()
+    calls.clear()
+    assert not a.try_hold()
+    assert calls == {"replace": 1, "get": 1} and a.holder() == "b"

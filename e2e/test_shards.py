@@ -1,5 +1,6 @@
 """End-to-end: three replicas run with ``--shards 3`` over six namespaces (two per shard), 30 releases; one
-replica is SIGKILLed mid-way, or cut off (SIGSTOP) for longer than its Leases and then let go on (SIGCONT).
+replica is SIGKILLed mid-way, or cut off (SIGSTOP) for longer than its Leases and then let go on (SIGCONT); or two
+replicas join one that holds every shard, mid-release.
 The releases of its shard go on under another replica, every release completes once (history and Events),
 and the audit log shows that every write of a release came from the replica holding its shard's Lease at
 that moment, within the Lease's duration of its last renewal."""
@@ -77,16 +78,17 @@ def holding(replica: Controller) -> set[int]:
     return held
 
 
+def replica(cluster: Cluster, namespaces: list[str], system: str, logs: Path, i: int) -> Controller:
+    return Controller(
+        cluster,
+        namespaces,
+        logs / f"replica-{i}.log",
+        extra_args=["--shards", str(SHARDS), "--leader-election-namespace", system],
+    )
+
+
 def start_replicas(cluster: Cluster, namespaces: list[str], system: str, logs: Path) -> list[Controller]:
-    replicas = [
-        Controller(
-            cluster,
-            namespaces,
-            logs / f"replica-{i}.log",
-            extra_args=["--shards", str(SHARDS), "--leader-election-namespace", system],
-        )
-        for i in range(SHARDS)
-    ]
+    replicas = [replica(cluster, namespaces, system, logs, i) for i in range(SHARDS)]
     for r in replicas:
         r.start()
     wait_for(lambda: all(len(holding(r)) == 1 for r in replicas), 60, "each replica holding one shard", 0.5)
@@ -277,6 +279,41 @@ def test_a_replica_lost_mid_release_hands_its_shard_over_and_every_release_compl
             f"{len(in_flight)} sent before the replica was lost and received after its Lease was taken"
             + "".join(f"\n  {w}" for w in in_flight)
         )
+        assert not problems, "\n".join(problems)
+        assert checked > 30 * 5 and not outside, "\n".join(outside[:20])
+    finally:
+        stop_all(replicas)
+
+
+def test_replicas_that_join_mid_release_take_shards_over_and_the_shard_kept_goes_on(
+    cluster: Cluster, spread: tuple[list[str], str], tmp_path: Path
+) -> None:
+    """One replica holds every shard and drives 30 releases; two more join mid-release, it hands two shards
+    over (their operators stop while the shard it keeps goes on in the same process), and every release
+    completes once, every write within its writer's tenure. An operator stopping in a process once cancelled
+    the tasks of the process's other operators (kopf reaps every task made after it started), and releases
+    of the shard kept stopped moving."""
+    namespaces, system = spread
+    assert isinstance(cluster, LocalCluster)  # spread skips on any other cluster
+    since = now()
+    first = replica(cluster, namespaces, system, tmp_path, 0)
+    first.start()
+    replicas = [first]
+    try:
+        wait_for(lambda: holding(first) == set(range(SHARDS)), 60, "one replica holding every shard", 0.5)
+        releases = start_releases(cluster, namespaces)
+        ns, name = releases[-1]
+        wait_for(lambda: status(cluster, ns, name).get("currentBatch", 0) >= 2, 60, f"{ns}/{name}: batch 2 under way")
+        joined = time.monotonic()
+        for i in (1, 2):
+            replicas.append(replica(cluster, namespaces, system, tmp_path, i))
+            replicas[-1].start()
+        wait_for(lambda: all(len(holding(r)) == 1 for r in replicas), 60, "each replica holding one shard", 0.5)
+        print(f"shards spread over the three replicas {time.monotonic() - joined:.1f}s after two joined")
+        kept = holding(first)
+        problems = check_completed_once(cluster, releases)
+        checked, outside, _ = writes_outside_tenure(cluster, namespaces, system, since, Lost(pid=-1, since=now()))
+        print(f"{checked} writes checked against the shard Leases: {len(outside)} outside; shard kept: {kept}")
         assert not problems, "\n".join(problems)
         assert checked > 30 * 5 and not outside, "\n".join(outside[:20])
     finally:

@@ -80,8 +80,10 @@ class Lease:
         self.path = path("coordination.k8s.io", "v1", "leases", namespace, name)
         self._written: Obj | None = None  # the Lease as this holder last wrote it
 
-    def try_hold(self) -> bool:
-        """One attempt to acquire or renew; True while we hold the lease."""
+    def try_hold(self, *, take: bool = True) -> bool:
+        """One attempt to acquire or renew; True while we hold the lease. With ``take`` False, a renewal
+        only: a Lease another holder took, or gave up since, is not taken (back from a pause, a holder that
+        lost its Lease stops what it held before it may hold it again)."""
         now = datetime.now(UTC)
         written = self._written
         if written is not None:
@@ -98,6 +100,8 @@ class Lease:
         lease = self.kube.get(self.path)
         try:
             if lease is None:
+                if not take:
+                    return False
                 spec = claim({}, self.me, now, self.lease_seconds)
                 assert spec is not None
                 meta: Obj = {"name": self.name, "namespace": self.namespace}
@@ -106,6 +110,8 @@ class Lease:
                 body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
                 self._written = self.kube.create(path("coordination.k8s.io", "v1", "leases", self.namespace), body)
                 return True
+            if not take and (lease.get("spec") or {}).get("holderIdentity") != self.me:
+                return False
             spec = claim(lease.get("spec") or {}, self.me, now, self.lease_seconds)
             if spec is None:
                 return False
@@ -143,6 +149,7 @@ class Renewing:
     """Renews one Lease every ``every`` seconds on a thread of its own until :meth:`stop`, and after each
     renewal that succeeded calls ``renewed(at)`` with the monotonic time the attempt began (before its
     read: the Lease's ``renewTime`` is later, so a holder counting from ``at`` stops early, never late).
+    It only renews (unless ``take``): a Lease that names another holder, or none, is left as it is.
 
     Why a thread rather than a task of the event loop: a renewal made through the loop waits for the loop
     and for its default executor, and a renewal that comes late stops the holder, as it must to be safe.
@@ -150,8 +157,9 @@ class Renewing:
     their 8 s window 19 times in 12 minutes (bench/STANDING.md, "3 shards: the start did not end"). This
     thread waits for nothing but the API server and its turn at the interpreter."""
 
-    def __init__(self, lease: Lease, every: float, renewed: Callable[[float], None]) -> None:
+    def __init__(self, lease: Lease, every: float, renewed: Callable[[float], None], *, take: bool = False) -> None:
         self.lease = lease
+        self.take = take
         self.every = every
         self.renewed = renewed
         self._stopping = threading.Event()
@@ -175,7 +183,7 @@ class Renewing:
         while not self._stopping.wait(max(0.0, due - time.monotonic())):
             at = time.monotonic()
             due = at + self.every
-            ok = _safe_try(self.lease)
+            ok = _safe_try(self.lease, take=self.take)
             took = time.monotonic() - at
             if took > self.every:
                 log.warning(f"renewing the Lease {self.lease.name} took {took:.1f}s")
@@ -213,9 +221,9 @@ async def keep(lease: Lease, lost: asyncio.Event, *, renew_every: float = 2.0) -
         renewing.stop()
 
 
-def _safe_try(lease: Lease) -> bool:
+def _safe_try(lease: Lease, *, take: bool = True) -> bool:
     try:
-        return lease.try_hold()
+        return lease.try_hold(take=take)
     except Exception as err:  # an unreachable API server is a failed attempt
         log.warning(f"lease attempt failed: {err}")
         return False

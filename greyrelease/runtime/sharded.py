@@ -5,14 +5,24 @@ Each held shard runs its own kopf operator in this process, watching the GreyRel
 namespaces only (the API server filters them), with a :class:`~greyrelease.runtime.controller.Runtime` of its own
 (stores, reflectors filtered the same way, pass threads) made by the operator's startup handler. A shard
 handed over or lost stops its operator; a new one starts when a shard is taken. Nothing is shared
-between the shards but the ``greyrelease_releases`` gauge.
+between the shards but the ``greyrelease_releases`` gauge and the process's self-test of the hold.
+
+Why each operator has an event loop (and a thread) of its own. An operator that stops cancels every task
+of its loop made after it started, whoever made it (kopf's ``run_tasks`` cannot tell its tasks from
+others'). Sharing one loop, a shard handed over 5 s after it was taken cancelled the other shard's passes
+and kopf's workers of its releases made in those 5 s: at 10,000 releases over 3 replicas, 24 releases were
+never passed again, whatever changed in them (bench/STANDING.md, "3 shards").
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import signal
+import threading
+from collections.abc import Callable
 
 import kopf
 
@@ -27,6 +37,37 @@ from greyrelease.runtime.leader import identity, request_timeout
 from greyrelease.runtime.shards import Held, Shards, selector
 
 log = logging.getLogger("greyrelease.runtime.shards")
+
+
+class _SignalsHereAreOurs(logging.Filter):
+    """kopf warns that an operator run off the main thread ignores OS signals: here that is the design (the
+    main loop takes SIGTERM and SIGINT and stops every shard), so the warning would only mislead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "OS signals are ignored" not in record.getMessage()
+
+
+async def on_own_thread(fn: Callable[[], None], name: str) -> None:
+    """Run ``fn`` on a thread of its own and wait for it (its exception raised here). Not the loop's default
+    executor: ``fn`` runs as long as a shard is held, and would keep one of its few threads all that time."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def report(err: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(None) if err is None else done.set_exception(err)
+
+    def target() -> None:
+        err: BaseException | None = None
+        try:
+            fn()
+        except BaseException as caught:  # handed to the waiting coroutine
+            err = caught
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
+            loop.call_soon_threadsafe(report, err)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    await done
 
 
 class NotSharded(RuntimeError):
@@ -74,14 +115,15 @@ async def run_sharded(
         log.error(str(err))
         return 2
     phases = metrics.Phases()
-    flags: dict[int, asyncio.Event] = {}
+    flags: dict[int, concurrent.futures.Future[None]] = {}
     stopping = asyncio.Event()
     asked: set[int] = set()
     failed: list[int] = []
 
     async def start(k: int, held: Held) -> None:
         asked.discard(k)
-        flags[k] = flag = asyncio.Event()
+        flag: concurrent.futures.Future[None] = concurrent.futures.Future()
+        flags[k] = flag
         memo = kopf.Memo(
             namespaces=namespaces,
             governing=governing,
@@ -92,30 +134,36 @@ async def run_sharded(
             held=selftest,
             tuning=tuning,
         )
-        try:
-            await kopf.operator(
-                clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=flag, memo=memo
+
+        def operate() -> None:  # on the shard's thread, in an event loop of its own (see the module's doc)
+            asyncio.run(
+                kopf.operator(
+                    clusterwide=not namespaces, namespaces=namespaces, standalone=True, stop_flag=flag, memo=memo
+                )
             )
+
+        try:
+            await on_own_thread(operate, f"shard {k}")
         except Exception:
             log.exception(f"shard {k}: the operator failed")
             failed.append(k)
         if k not in asked:
-            stopping.set()  # stopped by a signal (kopf handles SIGTERM and SIGINT) or failed, not handed over
+            stopping.set()  # ended by itself (failed), not handed over
 
     async def stop(k: int) -> None:
         asked.add(k)
-        if k in flags:
-            flags.pop(k).set()
+        flag = flags.pop(k, None)
+        if flag is not None and not flag.done():
+            flag.set_result(None)
 
     def changed(held: list[int]) -> None:
         state["role"] = "shards " + (",".join(map(str, held)) or "none") + f" of {n}"
-        # Each kopf operator takes SIGTERM and SIGINT over while it starts, and one that ends leaves its
-        # handler behind: after every change the signals stop every shard again. (An operator started after
-        # this call takes them over, and its end by a signal stops the rest.)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
 
+    # The operators run off the main thread and leave the signals alone: SIGTERM and SIGINT stop every shard.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    logging.getLogger("kopf._core.reactor.running").addFilter(_SignalsHereAreOurs())
     shards = Shards(api, namespace=lease_namespace, n=n, me=me, start=start, stop=stop, lease_seconds=lease_seconds)
     shards.changed = changed
     changed([])

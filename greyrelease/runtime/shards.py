@@ -262,7 +262,8 @@ class Shards:
 
     async def run(self, stopping: asyncio.Event) -> None:
         member = self._lease(member_name(self.me), {MEMBER_LABEL: str(self.n)})
-        renewing = Renewing(member, self.renew_every, lambda _: None)
+        # A member Lease only says this replica is alive: taken again if it was forgotten meanwhile.
+        renewing = Renewing(member, self.renew_every, lambda _: None, take=True)
         try:
             # One round of only being a member first: replicas started together see each other before
             # taking anything, instead of the first one taking every shard and handing them back.

@@ -151,3 +151,23 @@ def test_a_renewal_is_one_write_and_a_lease_written_meanwhile_by_another_is_read
     calls.clear()
     assert not a.try_hold()
     assert calls == {"replace": 1, "get": 1} and a.holder() == "b"
+
+
+def test_a_renewal_takes_no_lease_given_up_or_taken_since() -> None:
+    from greyrelease.kube.memory import MemoryKube
+    from greyrelease.runtime.leader import Lease
+
+    kube = MemoryKube()
+    a = Lease(kube, namespace="ns", me="a", lease_seconds=1)
+    assert not a.try_hold(take=False)  # no Lease yet: nothing to renew
+    assert a.try_hold() and a.try_hold(take=False)
+    # a was paused past its Lease; b took it and gave it up again: a, back, does not renew it...
+    lease = kube.get(a.path) or {}
+    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+    kube.put(lease)
+    b = Lease(kube, namespace="ns", me="b", lease_seconds=1)
+    assert b.try_hold()
+    assert not a.try_hold(take=False)
+    b.release()
+    assert not a.try_hold(take=False) and a.holder() == ""
+    assert a.try_hold()  # ...until it takes it anew

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -302,3 +303,40 @@ def test_the_command_line_refuses_shards_without_leases_and_tells_where_a_namesp
     # A local API server asked for the lower half of the hash space listed kube-node-lease's objects, and for
     # the upper half those of default: their hashes are 0x021f... and 0xebad....
     assert err.startswith("per shard: ")
+
+
+def test_a_shards_operator_that_stops_cancels_no_task_of_the_other_shards() -> None:
+    # kopf.operator ends with run_tasks, which waits 5 s for every task of its loop made after the operator
+    # started and then cancels those still running, whoever made them. Two shards' operators on one loop:
+    # the one handed over cancelled the other's passes under way (at 10,000 releases over 3 replicas, 24
+    # releases were never passed again). On a thread and a loop of its own, it reaps its own tasks only.
+    from greyrelease.runtime.sharded import on_own_thread
+    from kopf._core.reactor.running import run_tasks
+
+    async def operator(stop: threading.Event) -> None:  # kopf.operator's start and end, without a cluster
+        existing = asyncio.all_tasks()
+        root = asyncio.create_task(asyncio.to_thread(stop.wait))
+        await run_tasks([root], ignored=existing)
+
+    async def other_shards_pass() -> str:
+        await asyncio.sleep(5.5)  # a pass still under way 5 s after the stop
+        return "passed"
+
+    async def scenario(own_thread: bool) -> str:
+        stop = threading.Event()
+        if own_thread:
+            shard = asyncio.create_task(on_own_thread(lambda: asyncio.run(operator(stop)), "shard 1"))
+        else:
+            shard = asyncio.create_task(operator(stop))
+        await asyncio.sleep(0.1)
+        passing = asyncio.create_task(other_shards_pass())  # made after the shard's operator started
+        await asyncio.sleep(0.1)
+        stop.set()  # the shard is handed over
+        await shard
+        try:
+            return await passing
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    assert asyncio.run(scenario(own_thread=False)) == "cancelled"  # the hazard, as kopf has it
+    assert asyncio.run(scenario(own_thread=True)) == "passed"

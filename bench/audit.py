@@ -85,11 +85,18 @@ def requests_by_window(
 
 
 def write_lines(
-    log: Path, agents: tuple[str, ...], since: datetime, until: datetime | None = None, *, limit: int = 20
+    log: Path,
+    agents: tuple[str, ...],
+    since: datetime,
+    until: datetime | None = None,
+    *,
+    limit: int = 20,
+    width: int | None = 400,
 ) -> list[str]:
     """The first ``limit`` writes (Leases and dry runs left out) by clients whose User-Agent starts with one
     of ``agents`` received in [since, until), one line each: when, the verb, the object and the body sent
-    (cut at 400 characters), so that a write where none was expected says what it changed."""
+    (cut at ``width`` characters, None for all), so that a write where none was expected says what it
+    changed."""
     out: list[str] = []
     seen: set[str] = set()
     for ev in audit_events(log):
@@ -108,7 +115,7 @@ def write_lines(
         code = (ev.get("responseStatus") or {}).get("code", "")
         out.append(
             f"{at:%H:%M:%S.%f} {ev['verb']} {resource} {ref.get('namespace', '')}/{ref.get('name', '')} "
-            f"-> {code}: {body[:400]}"
+            f"-> {code}: {body[:width]}"
         )
         if len(out) >= limit:
             break

@@ -525,6 +525,9 @@ def run_standing(
         for name, r in (("idle", idle), ("rest", rest)):
             if r.requests["writes"]:  # none is expected at rest: say which objects and what was sent
                 r.requests["writes_seen"] = audit.write_lines(cluster.audit_log, CONTROLLER_AGENTS, *windows[name])
+                # Whole, beside the controllers' logs (the cluster's audit log goes with the cluster).
+                whole = audit.write_lines(cluster.audit_log, CONTROLLER_AGENTS, *windows[name], limit=200, width=None)
+                (workdir / f"writes-{name}-{k}.txt").write_text("\n".join(whole) + "\n")
         start["requests"] = figures["start"]
         burst_result["requests"] = figures["burst"]
         return {

@@ -66,7 +66,7 @@ def test_killing_the_leader_hands_over_and_the_release_completes_once(
         wait_for(lambda: "leading as" in b.logs(), 30, "controller b leading", 0.1)
         failover = time.monotonic() - t0
         print(f"failover: {failover:.1f}s from SIGKILL of the leader to the standby leading")
-        assert failover <= 15
+        assert failover <= 20  # the Lease (15 s) runs out, and the standby's next try (every 2 s) takes it
         st = wait_phase(cluster, namespace, "web", {"Succeeded", "Failed", "Aborted"}, timeout=90)
         assert st["phase"] == "Succeeded", b.logs()
         assert [h["batch"] for h in st["history"]] == [1, 2, 3, 4]

@@ -408,7 +408,12 @@ def main(argv: list[str] | None = None) -> int:
         help="namespace of the Lease, and of the slots of queues across namespaces (default: $POD_NAMESPACE, "
         "else the one watched namespace, else greyrelease-system)",
     )
-    run.add_argument("--lease-seconds", type=int, default=10, help="lease duration (failover bound)")
+    run.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=15,
+        help="lease duration (failover bound; 15 s as Kubernetes' own controllers have it)",
+    )
     run.add_argument(
         "--shards",
         type=_positive,

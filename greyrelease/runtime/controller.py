@@ -296,8 +296,11 @@ class Runtime:
         return next((d for d in listed if would_hold(d)), None)
 
     def wake_following(self) -> None:
-        """Wake every follow-mode release (the hold's self-test changed its result). On the event loop."""
-        for key in list(self.registry.following):
+        """Wake every follow-mode release (the hold's self-test changed its result), and every release whose
+        pass runs: a release is known to follow only once its first pass ended, and a first pass that read
+        the old result would otherwise show it until the release's resync (seen at 10,000 releases: 109
+        status writes at rest, 4 minutes later, with ``--resync-seconds 240``). On the event loop."""
+        for key in {*self.registry.following, *self.scheduler.running_keys()}:
             self.scheduler.add(key)
 
     async def drain(self, timeout: float = 10.0) -> None:

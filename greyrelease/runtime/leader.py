@@ -8,7 +8,12 @@ needs only RBAC on one object, and gives a failover bounded by the lease duratio
 The leader renews every ``renew_every`` seconds. A leader that cannot renew for
 ``lease_seconds - renew_every`` stops acting and exits (its Deployment restarts it as a candidate), which
 is before any candidate may take the lease (``lease_seconds`` after the last renewal), so two leaders
-never act at once. With the defaults (10 s, 2 s) a killed leader is replaced within about 12 s.
+never act at once. With the defaults (15 s, 2 s) a killed leader is replaced within about 17 s.
+
+Why 15 s, as kube-controller-manager and client-go's leader election have it, rather than 10: a Lease is
+renewed on the same API server as every other request, and at 10,000 releases over 3 replicas on 2 cores
+a replica's start kept a renewal waiting past 8 s (bench/STANDING.md, "3 shards"). The window to renew in
+is then 13 s, and a failover takes 2-5 s longer.
 
 A failed attempt (an unreachable API server, a 5xx) is retried by the next renewal, not inside the attempt:
 the holder learns that it could not renew only when an attempt returns, so the Lease's client is made with
@@ -68,7 +73,7 @@ class Lease:
         namespace: str,
         name: str = LEASE_NAME,
         me: str | None = None,
-        lease_seconds: int = 10,
+        lease_seconds: int = 15,
         labels: dict[str, str] | None = None,
     ) -> None:
         self.kube = kube
@@ -154,7 +159,7 @@ class Renewing:
     Why a thread rather than a task of the event loop: a renewal made through the loop waits for the loop
     and for its default executor, and a renewal that comes late stops the holder, as it must to be safe.
     On a replica starting 3,333 releases (10,000 over 3 replicas on 2 cores), renewals made that way missed
-    their 8 s window 19 times in 12 minutes (bench/STANDING.md, "3 shards: the start did not end"). This
+    their 8 s window 19 times in 12 minutes (bench/STANDING.md, "3 shards"). This
     thread waits for nothing but the API server and its turn at the interpreter."""
 
     def __init__(self, lease: Lease, every: float, renewed: Callable[[float], None], *, take: bool = False) -> None:

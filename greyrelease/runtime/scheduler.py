@@ -130,6 +130,10 @@ class Scheduler(Generic[K]):
     def running(self) -> int:
         return len(self._running)
 
+    def running_keys(self) -> list[K]:
+        """The keys whose pass runs now."""
+        return list(self._running)
+
     # --- another driver ------------------------------------------------------------------------------
 
     async def exclusive(self, key: K) -> Callable[[], None]:

@@ -219,7 +219,7 @@ class Shards:
         me: str,
         start: Callable[[int, Held], Coroutine[Any, Any, None]],
         stop: Callable[[int], Awaitable[None]],
-        lease_seconds: int = 10,
+        lease_seconds: int = 15,
         renew_every: float = 2.0,
     ) -> None:
         self.kube = kube

@@ -5,6 +5,7 @@ once, and the loop tests when due, sooner while a refusal waits to be confirmed.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
@@ -53,6 +54,45 @@ def test_a_changed_result_wakes_the_follow_mode_releases_and_their_next_pass_sho
     asyncio.run(run())
     assert seen == ["True", "False"]
     assert not tester.attached  # a runtime stopped takes no part any more
+
+
+def test_a_result_changed_during_a_release_s_first_pass_wakes_it_too() -> None:
+    # A release is known to follow its Deployment once its first pass ended; a first pass that read the old
+    # result and ended after the change must still be followed by one that shows the new one.
+    kube = cluster()
+    tester = HeldSelfTest(kube, confirmations=0)
+    seen: list[str | None] = []
+    gate = asyncio.Event()
+
+    class Watched(Runtime):
+        async def reconcile(self, namespace: str, name: str, *, urgent: bool = False, abort: bool = False) -> Any:
+            outcome = await super().reconcile(namespace, name, urgent=urgent, abort=abort)
+            seen.append(held_status(kube))
+            await gate.wait()  # the first pass is still under way when the result changes
+            return outcome
+
+    async def run() -> None:
+        rt = Watched(kube, tuning=Tuning(threads=2), held=tester)
+        try:
+            await rt.start_held_selftest()
+            rt.scheduler.add((NS, "web"))
+            while not seen:
+                await asyncio.sleep(0.01)
+            assert (NS, "web") not in rt.registry.following  # its first pass has not ended
+            kube.admit = None
+            await asyncio.to_thread(tester.run)
+            await asyncio.sleep(0.05)  # the wake-up, handed to the loop by the testing thread
+            gate.set()
+            async with asyncio.timeout(5):
+                while len(seen) < 2:
+                    await asyncio.sleep(0.01)
+        finally:
+            gate.set()
+            await rt.drain()
+            rt.stop()
+
+    asyncio.run(run())
+    assert seen == ["True", "False"]
 
 
 def test_the_loop_tests_when_due_and_not_while_no_runtime_takes_part() -> None:

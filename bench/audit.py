@@ -91,12 +91,10 @@ def write_lines(
     until: datetime | None = None,
     *,
     limit: int = 20,
-    width: int | None = 400,
 ) -> list[str]:
     """The first ``limit`` writes (Leases and dry runs left out) by clients whose User-Agent starts with one
-    of ``agents`` received in [since, until), one line each: when, the verb, the object and the body sent
-    (cut at ``width`` characters, None for all), so that a write where none was expected says what it
-    changed."""
+    of ``agents`` received in [since, until), one line each: when, the verb, the object and the body sent,
+    so that a write where none was expected says what it changed."""
     out: list[str] = []
     seen: set[str] = set()
     for ev in audit_events(log):
@@ -115,7 +113,7 @@ def write_lines(
         code = (ev.get("responseStatus") or {}).get("code", "")
         out.append(
             f"{at:%H:%M:%S.%f} {ev['verb']} {resource} {ref.get('namespace', '')}/{ref.get('name', '')} "
-            f"-> {code}: {body[:width]}"
+            f"-> {code}: {body}"
         )
         if len(out) >= limit:
             break

@@ -22,6 +22,7 @@ from bench.standing import (
     requests_figures,
     rest_rows,
     settled,
+    shortened,
     summarise_rest,
     waits_between,
 )
@@ -211,6 +212,7 @@ def test_a_write_at_rest_is_listed_with_its_object_and_body_and_leases_are_left_
     at = [datetime(2026, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 20)]
     seen = audit.write_lines(log, ("greyrelease",), at[0], at[1])
     assert seen == ['00:00:05.000000 patch greyreleases/status ns/app -> 200: {"status":{"message":"x|y"}}']
+    assert shortened(seen[0], width=12) == '00:00:05.000000 patch greyreleases/status ns/app -> 200: {"status":{"'
     row = rest_rows(
         "again at rest",
         {

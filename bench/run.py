@@ -212,6 +212,17 @@ def metric_histograms(port: int, name: str) -> dict[str, tuple[list[tuple[float,
     return out
 
 
+def metric_counter(port: int, name: str) -> float:
+    """A counter of the controller's /metrics without labels (``name`` without ``_total``); 0 when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics").data.decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return sum(s.value for s in family.samples if s.name == f"{name}_total")
+    return 0.0
+
+
 def bucket_bound(buckets: list[tuple[float, float]], count: float, share: float) -> float:
     """The bucket bound under which ``share`` of the observations fall."""
     return next((le for le, n in sorted(buckets) if count and n >= share * count), float("nan"))

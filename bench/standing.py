@@ -66,6 +66,7 @@ from bench.run import (
     app,
     bench_cluster,
     bucket_bound,
+    metric_counter,
     metric_histograms,
     parallel,
     pct,
@@ -86,6 +87,8 @@ TERMINAL = {"Succeeded", "Aborted", "Failed"}
 #: A replica is settled when it used less than this share of a core over ``SETTLE_EVERY`` seconds.
 SETTLED_CORE = 0.1
 SETTLE_EVERY = 10.0
+#: The controller's counter of resyncs that made no pass (greyrelease.reconcile.metrics.RESYNCS_UNCHANGED).
+UNCHANGED = "greyrelease_resyncs_unchanged"
 SETTLE_LIMIT = 300.0  # an idle release's resync period: the rest window starts after at most that
 WRITERS = 32  # threads creating and patching at once
 
@@ -219,6 +222,7 @@ class Rest:
     peak_rss: list[int]  # per replica, bytes, the window's peak
     passes: float
     requests: dict[str, Any] = field(default_factory=dict)  # requests_figures()
+    unchanged: float = 0.0  # resyncs left without a pass (nothing the release's last pass read had changed)
 
 
 def mib(b: float) -> float:
@@ -239,8 +243,13 @@ def summarise_rest(r: Rest) -> dict[str, Any]:
         "rss_mib": [mib(b) for b in r.rss],
         "peak_rss_mib": [mib(b) for b in r.peak_rss],
         "passes_per_min": round(r.passes / minutes, 1),
+        "unchanged_per_min": round(r.unchanged / minutes, 1),
         # All the CPU of the window over its passes: an upper bound on a resync pass's cost when they are many.
         "cpu_ms_per_pass": round(1000 * sum(c[-1] - c[0] for c in r.cpu) / r.passes, 2) if r.passes else None,
+        # And over every resync, with or without a pass.
+        "cpu_ms_per_resync": round(1000 * sum(c[-1] - c[0] for c in r.cpu) / (r.passes + r.unchanged), 3)
+        if r.passes + r.unchanged
+        else None,
         "requests": reqs,
         "quiet": bool(reqs) and reqs["writes"] == 0 and reqs["reads_by_verb"].get("get", 0) == 0,
     }
@@ -371,6 +380,7 @@ def at_rest(replicas: Replicas, seconds: float) -> Rest:
     for s in replicas.stats:
         s.window_peak()
     passes0 = sum(reconcile_durations(p)["passes"] for p in replicas.metrics_ports)
+    unchanged0 = sum(metric_counter(p, UNCHANGED) for p in replicas.metrics_ports)
     cpu = [[c] for c in replicas.cpu()]
     started = time.monotonic()
     while (left := seconds - (time.monotonic() - started)) > 0:
@@ -378,12 +388,14 @@ def at_rest(replicas: Replicas, seconds: float) -> Rest:
         for series, c in zip(cpu, replicas.cpu(), strict=True):
             series.append(c)
     passes = sum(reconcile_durations(p)["passes"] for p in replicas.metrics_ports) - passes0
+    unchanged = sum(metric_counter(p, UNCHANGED) for p in replicas.metrics_ports) - unchanged0
     return Rest(
         seconds=time.monotonic() - started,
         cpu=cpu,
         rss=[s.rss() for s in replicas.stats],
         peak_rss=[s.window_peak() for s in replicas.stats],
         passes=passes,
+        unchanged=unchanged,
     )
 
 
@@ -681,6 +693,12 @@ def rest_rows(what: str, w: dict[str, Any]) -> list[str]:
         f"{per_replica(w['peak_rss_mib'], 'MiB')}); CPU {per_replica(w['cpu_s_per_min'], 's')} a minute (busiest "
         f"minute {per_replica(w['cpu_s_busiest_min'], 's')}); {w['passes_per_min']} passes a minute"
         + (f" ({w['cpu_ms_per_pass']} ms of CPU per pass, all the CPU counted)" if w.get("cpu_ms_per_pass") else "")
+        + (
+            f", {w['unchanged_per_min']} resyncs a minute without a pass (nothing read had changed; "
+            f"{w['cpu_ms_per_resync']} ms of CPU per resync, all the CPU counted)"
+            if w.get("unchanged_per_min")
+            else ""
+        )
         + " |",
         f"| {what}: controller requests | writes: {listed(req['writes_by_request'])}; reads by verb: "
         f"{listed(req['reads_by_verb'])} ({listed(req['reads'])}); dry runs: {listed(req['dry_runs'])}{leases}; "

@@ -223,6 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"error: --resync-seconds {args.resync_seconds:g}: seconds between two looks, more than 0", file=sys.stderr
         )
         return 2
+    if not args.full_resync_seconds > 0:
+        print(
+            f"error: --full-resync-seconds {args.full_resync_seconds:g}: seconds between two full passes, more than 0",
+            file=sys.stderr,
+        )
+        return 2
     if args.shards > 1 and not args.leader_elect:
         print(
             "error: --shards N holds each shard through a Lease: it cannot run with --no-leader-elect", file=sys.stderr
@@ -281,7 +287,7 @@ async def _run(args: argparse.Namespace) -> int:
         or (namespaces[0] if len(namespaces) == 1 else "greyrelease-system")
     )
     governing = Governing(max_progressing=args.max_progressing, slots_namespace=lease_ns)
-    tuning = Tuning(idle_resync=args.resync_seconds)
+    tuning = Tuning(idle_resync=args.resync_seconds, full_resync=args.full_resync_seconds)
     webhook = None
     if args.webhook_port:
         # Served by every replica, before it waits for a Lease: the API server asks any of them.
@@ -470,7 +476,16 @@ def main(argv: list[str] | None = None) -> int:
         default=900.0,
         metavar="S",
         help="look at every release again at least every S seconds, give or take 10 %% (900 by default; reads from "
-        "memory, no write when nothing changed): a net under missed watch events, not how changes are noticed",
+        "memory, no write when nothing changed): a net under missed watch events, not how changes are noticed. A "
+        "release at rest is passed again only if something its last pass read changed since",
+    )
+    run.add_argument(
+        "--full-resync-seconds",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="pass every release at rest in full at least every S seconds, give or take 10 %% (3600 by default), "
+        "whether or not what it read changed",
     )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)

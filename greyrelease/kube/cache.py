@@ -99,6 +99,9 @@ class Store:
         self._packed = packed
         self._objects: dict[Key, tuple[int | None, Body]] = {}  # resourceVersion and body of each object
         self._gone: dict[Key, int | None] = {}  # resourceVersion of each deletion seen (until the next relist)
+        #: Bumped by every change of what is held (a body kept, a deletion, a relist): equal counts, the same
+        #: objects at the same versions.
+        self.changes = 0
 
     def _hold(self, obj: Obj) -> tuple[int | None, Body]:
         kept = _trim(obj)
@@ -108,6 +111,13 @@ class Store:
         with self._lock:
             found = self._objects.get((namespace, name))
         return _copy(found[1]) if found is not None else None
+
+    def version(self, namespace: str, name: str) -> str | None:
+        """The resourceVersion of the body held, as the API server wrote it; None when none is held (or its
+        version was not a number). Nothing is parsed."""
+        with self._lock:
+            found = self._objects.get((namespace, name))
+        return str(found[0]) if found is not None and found[0] is not None else None
 
     def __len__(self) -> int:
         with self._lock:
@@ -148,6 +158,7 @@ class Store:
                 return False  # a write's response that arrived after the deletion it preceded
             self._gone.pop(key, None)
             self._objects[key] = held
+            self.changes += 1
             return True
 
     def delete(self, obj: Obj) -> None:
@@ -161,6 +172,7 @@ class Store:
                 return  # deleted and created again since; the newer body stays
             self._objects.pop(key, None)
             self._gone[key] = version
+            self.changes += 1
 
     def absent(self, namespace: str, name: str) -> bool:
         """Known not to exist: deleted (a watch event or our own delete) or answered 404, and not seen since."""
@@ -193,6 +205,7 @@ class Store:
                     del fresh[key]
             self._objects = fresh
             self._gone = {k: v for k, v in self._gone.items() if version is None or (v or 0) > version}
+            self.changes += 1
 
 
 #: Objects a page of a Reflector's list holds (client-go's reflectors list 500 at a time too).

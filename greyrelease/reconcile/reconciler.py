@@ -33,17 +33,44 @@ from greyrelease.reconcile.execute import execute
 from greyrelease.reconcile.gates import Gates, due
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.notify import Delivery, deliveries
-from greyrelease.reconcile.observe import observe
+from greyrelease.reconcile.observe import Scene, observe
 from greyrelease.reconcile.policies import Governing
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 
-__all__ = ["Outcome", "Reconciler", "deployments_path", "release_path"]
+__all__ = ["Inputs", "Outcome", "Reconciler", "deployments_path", "release_path"]
 
 log = logging.getLogger("greyrelease")
 
 #: Where the notifications of the Events a pass created go: the sender's queue (it must not block).
 Notify = Callable[[list[Delivery]], None]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a pass that found nothing to do and nothing to wait for read, by resourceVersion: the release's,
+    and each of its Deployments' by name (None: absent). Another pass from the same versions, with the
+    same self-test result and policies, plans the same: the runtime's resync then leaves it out (see
+    :meth:`~greyrelease.runtime.controller.Runtime.unchanged`)."""
+
+    release: str
+    deployments: tuple[tuple[str, str | None], ...]
+
+
+def _inputs(release: Obj, scene: Scene) -> Inputs | None:
+    """The :class:`Inputs` of a pass at rest. None when the target was not read by name (found by its
+    labels, a Deployment labelled since would not show in these versions), is absent, or a version is
+    missing."""
+    target, canary = scene.deployments.target, scene.deployments.canary
+    if scene.spec.target_ref is None or target is None:
+        return None
+    release_version = (release.get("metadata") or {}).get("resourceVersion")
+    target_version = target["metadata"].get("resourceVersion")
+    canary_version = canary["metadata"].get("resourceVersion") if canary is not None else None
+    if not release_version or not target_version or (canary is not None and not canary_version):
+        return None
+    name = target["metadata"]["name"]
+    return Inputs(str(release_version), ((name, str(target_version)), (canary_name(name), canary_version)))
 
 
 @dataclass
@@ -57,6 +84,8 @@ class Outcome:
     decided_at: float = field(default_factory=time.monotonic)
     #: Follow mode: every change of the target may be news (a template held, a revert, an HPA's resize).
     follows: bool = False
+    #: The pass found nothing to do, nothing to record and nothing to wait for: what it read.
+    resting: Inputs | None = None
 
 
 class Reconciler:
@@ -102,7 +131,8 @@ class Reconciler:
                 self._export(release, None, plan.status)
                 return Outcome(plan, decided_at=decided_at)
             scene = observe(self.kube, release, spec, status, self.governing, self.held)
-            if due(spec, status, now):
+            asked = due(spec, status, now)
+            if asked:
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
             calls = webhooks_due(spec, status, now) if not scene.observed.deleting else ()
             if calls:
@@ -115,7 +145,12 @@ class Reconciler:
                 self._record((namespace, name), release, status, plan.status)
                 self._export(release, spec, plan.status, changed=plan.status is not status)
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
-            return Outcome(plan, tuple(sorted(names | {canary_name(n) for n in names})), decided_at, spec.follows)
+            watched = tuple(sorted(names | {canary_name(n) for n in names}))
+            resting = None
+            at_rest = not (plan.actions or plan.events or asked or calls or scene.observed.deleting)
+            if at_rest and plan.status is status and plan.requeue_after is None:
+                resting = _inputs(release, scene)
+            return Outcome(plan, watched, decided_at, spec.follows, resting)
 
     def _notify(
         self, release: Obj, created: list[tuple[str, Event]], plan: Plan, read: GreyReleaseStatus, now: datetime

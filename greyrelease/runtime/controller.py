@@ -36,10 +36,11 @@ from greyrelease.api.release import (
 from greyrelease.kube.cache import CachedKube, Reflector, Store, Watchable, wait_synced
 from greyrelease.kube.protocol import Conflict, Kube, path
 from greyrelease.planner.machine import aborting
+from greyrelease.planner.observed import HeldCheck
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.policies import Governing
-from greyrelease.reconcile.reconciler import Outcome, Reconciler
+from greyrelease.reconcile.reconciler import Inputs, Outcome, Reconciler
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 from greyrelease.runtime import collector
 from greyrelease.runtime.notifier import Notifier
@@ -90,10 +91,13 @@ def spread(key: Key, seconds: float, share: float = 0.1) -> float:
 
 @dataclass(frozen=True)
 class Tuning:
-    #: A release with nothing scheduled still looks again this often, give or take 10 % (reads from memory
-    #: only, no writes when idle): a net under lost wake-ups, not how anything is noticed. 15 minutes, as
-    #: Argo Rollouts resyncs: at 10,000 standing releases, 11 passes a second.
+    #: A release with nothing scheduled still looks again this often, give or take 10 %: a net under lost
+    #: wake-ups, not how anything is noticed. 15 minutes, as Argo Rollouts resyncs: at 10,000 standing
+    #: releases, 11 a second. A release at rest is passed again only when something its last pass read has
+    #: changed in memory since (:meth:`Runtime.unchanged`), and in any case every ``full_resync``.
     idle_resync: float = 900.0
+    #: A release at rest is passed in full at least this often, give or take 10 %, whatever its reads say.
+    full_resync: float = 3600.0
     #: Changes of a Deployment a release waits on are gathered this long before its pass: a rollout
     #: changes a Deployment's status several times in a row, and one pass sees them all. A deletion
     #: wakes it at once.
@@ -112,6 +116,18 @@ class Tuning:
     #: How long the controller waits at startup for its first list of Deployments before it goes on
     #: (reads of Deployments go to the API server until that list is in).
     sync_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class Resting:
+    """A release's last pass found nothing to do and nothing to wait for: what it read (the versions of the
+    release and its Deployments, the self-test result shown, the policies), and when its next full pass is
+    due all the same (time.monotonic)."""
+
+    inputs: Inputs
+    held: HeldCheck | None
+    policies: int
+    full_by: float
 
 
 class Registry:
@@ -138,6 +154,8 @@ class Registry:
         self.following: set[Key] = set()
         #: Passes failed in a row, per release failing now (see :func:`backoff`).
         self.failures: dict[Key, int] = {}
+        #: The releases whose last pass found them at rest: what it read (see :meth:`Runtime.unchanged`).
+        self.resting: dict[Key, Resting] = {}
 
     def watch(self, key: Key, deployments: tuple[str, ...], *, waiting: bool) -> None:
         self.waiting[key] = waiting
@@ -165,6 +183,7 @@ class Registry:
         self.following.discard(key)
         self.aborting.discard(key)
         self.failures.pop(key, None)
+        self.resting.pop(key, None)
 
     def deleting(self, key: Key) -> bool:
         """Whether the release was last seen marked for deletion (its deletion handler drives it then)."""
@@ -251,6 +270,8 @@ class Runtime:
         self.phases = phases or metrics.Phases()
         self._pool: PassPool | None = None
         self._reflectors: list[Reflector] = []
+        #: Whether the Deployments and the policies are served from memory (listed, and watched since).
+        self._synced: Callable[[], bool] = lambda: False
         #: glibc's free memory handed back after a burst of passes (greyrelease.runtime.collector).
         self.trimmer = collector.Trimmer()
 
@@ -361,6 +382,13 @@ class Runtime:
             return None  # kopf's deletion handler passes it from now on (release_deleted)
         abort = key in registry.aborting
         registry.aborting.discard(key)
+        if not (urgent or abort) and self.unchanged(key):
+            metrics.RESYNCS_UNCHANGED.inc()
+            return spread(key, self.tuning.idle_resync)
+        # What the pass reads besides its objects, taken before it reads: a change while it runs wakes it
+        # again, and that pass must not find these equal.
+        held, policies = self.held.result if self.held is not None else None, self.policies.changes
+        registry.resting.pop(key, None)
         try:
             outcome = await self.reconcile(*key, urgent=urgent, abort=abort)
         except Exception as err:
@@ -386,11 +414,32 @@ class Runtime:
         else:
             registry.held_back.pop(key, None)
         timeout = outcome.plan.requeue_after
+        if outcome.resting is not None:
+            full_by = time.monotonic() + spread(key, self.tuning.full_resync)
+            registry.resting[key] = Resting(outcome.resting, held, policies, full_by)
         if timeout is None:
             return spread(key, self.tuning.idle_resync)
         # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was recorded ready,
         # however long the pass's own writes took.
         return max(0.0, outcome.decided_at + timeout - time.monotonic())
+
+    def unchanged(self, key: Key) -> bool:
+        """Whether the release's last pass found it at rest, nothing it read has changed since, and its full
+        pass is not due: another pass would read the same objects at the same versions, the same self-test
+        result and the same policies, and plan the same nothing (a plan at rest has no timer, so the clock
+        is not among its inputs). Its resync then only looks at these, from memory, on the event loop: at
+        10,000 releases a resync pass cost 1.9-2.1 ms of the process's CPU on the local cluster, this look
+        a few microseconds. A change that woke the release (an event of its own, a Deployment's) shows here
+        as a new version, so the net under lost wake-ups holds; what no store keeps (the clock, an object
+        read from the API server) is looked at by the full pass."""
+        rest = self.registry.resting.get(key)
+        if rest is None or time.monotonic() >= rest.full_by or not self._synced():
+            return False
+        if self.releases.version(*key) != rest.inputs.release or self.policies.changes != rest.policies:
+            return False
+        if (self.held.result if self.held is not None else None) != rest.held:
+            return False
+        return all(self.deployments.version(key[0], name) == version for name, version in rest.inputs.deployments)
 
     def _passed(self) -> None:
         """A pass ended: once a burst is over, glibc's free memory is handed back, on a thread of the loop's."""
@@ -509,6 +558,7 @@ class Runtime:
             path(GROUP, VERSION, POLICY_PLURAL), self.policies, ready=lambda: policies[0].synced.is_set(), lists=True
         )
         self._reflectors = deployments + policies + reflect("", "v1", "services", self.services)
+        self._synced = lambda: policies[0].synced.is_set() and all(r.synced.is_set() for r in deployments)
         timeout = self.tuning.sync_timeout
         if not await asyncio.to_thread(wait_synced, deployments + policies, timeout):
             log.warning(

@@ -1,0 +1,148 @@
+"""What a pass at rest reads, and what it says it read: the runtime's resync leaves a release at rest out when
+none of it changed (greyrelease.runtime.controller.Runtime.unchanged), which is right only while a pass at
+rest reads nothing else. These tests hold that: for every router and in follow mode, the pass reads the
+release, its Deployment and the canary's name, and the policies, and its outcome names their versions; a
+pass with anything to do or to wait for names none."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from greyrelease.api.release import Obj
+from greyrelease.kube.memory import MemoryKube
+from greyrelease.kube.protocol import path
+from greyrelease.reconcile.reconciler import Inputs, Outcome, Reconciler
+
+from tests.support import builders, follow_cluster
+from tests.support.builders import NS, RELEASE, T0
+
+INGRESS: Obj = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "Ingress",
+    "metadata": {"name": "web", "namespace": NS},
+    "spec": {
+        "ingressClassName": "nginx",
+        "rules": [
+            {
+                "http": {
+                    "paths": [
+                        {
+                            "path": "/",
+                            "pathType": "Prefix",
+                            "backend": {"service": {"name": "web", "port": {"number": 80}}},
+                        }
+                    ]
+                }
+            }
+        ],
+    },
+}
+ROUTE: Obj = {
+    "apiVersion": "gateway.networking.k8s.io/v1",
+    "kind": "HTTPRoute",
+    "metadata": {"name": "web", "namespace": NS},
+    "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
+}
+# (The in-memory server has no EndpointSlices: with the nginx and Gateway API routers the canary never shows
+# ready behind its Service, and the release ends Failed at its deadline, its traffic back on the stable.)
+ROUTERS = [
+    pytest.param(None, None, "Succeeded", id="replicas"),
+    pytest.param({"service": {"name": "web"}}, None, "Succeeded", id="service"),
+    pytest.param({"nginx": {"ingress": "web", "stableService": "web"}}, INGRESS, "Failed", id="nginx"),
+    pytest.param({"gatewayAPI": {"httpRoute": "web", "stableService": "web"}}, ROUTE, "Failed", id="gateway"),
+]
+AT_REST_READS = [
+    ("GET", RELEASE),
+    ("GET", path("apps", "v1", "deployments", NS, "web")),
+    ("GET", path("apps", "v1", "deployments", NS, "web-canary")),
+    ("LIST", path("greyrelease.io", "v1", "greyreleasepolicies")),
+]
+
+
+def until_at_rest(kube: MemoryKube, roll_out: Any, phase: str) -> tuple[Reconciler, Outcome]:
+    """Passes a minute apart, the control plane converging between them, until one finds the release in
+    ``phase`` with nothing to do and no timer; the reconciler and that pass's outcome."""
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(60):
+        outcome = reconciler.reconcile(NS, "web", now=now)
+        assert outcome is not None
+        plan = outcome.plan
+        if plan.status.phase == phase and not plan.actions and plan.requeue_after is None:
+            return reconciler, outcome
+        roll_out(kube)
+        now += timedelta(minutes=1)
+    raise AssertionError(f"never at rest in {phase}: {builders.status_of(kube)}")
+
+
+def version(kube: MemoryKube, name: str) -> str:
+    found = kube.get(path("apps", "v1", "deployments", NS, name))
+    assert found is not None
+    return str(found["metadata"]["resourceVersion"])
+
+
+@pytest.mark.parametrize(("routing", "extra", "phase"), ROUTERS)
+def test_a_finished_release_s_pass_reads_its_release_deployments_and_policies_only_and_names_their_versions(
+    routing: Obj | None, extra: Obj | None, phase: str
+) -> None:
+    kube = builders.cluster(**({"trafficRouting": routing} if routing else {}))
+    if extra is not None:
+        kube.put(extra)
+    reconciler, _ = until_at_rest(kube, builders.roll_out, phase)
+    kube.requests.clear()
+    outcome = reconciler.reconcile(NS, "web", now=T0 + timedelta(hours=2))
+    assert outcome is not None and kube.writes == []
+    assert kube.requests == AT_REST_READS
+    release = kube.get(RELEASE)
+    assert release is not None
+    assert outcome.resting == Inputs(
+        str(release["metadata"]["resourceVersion"]), (("web", version(kube, "web")), ("web-canary", None))
+    )
+
+
+def test_a_followed_deployment_at_rest_reads_the_same_and_names_their_versions() -> None:
+    kube = follow_cluster.cluster(trafficRouting={"service": {"name": "web"}})
+    reconciler, _ = until_at_rest(kube, follow_cluster.roll_out, "Idle")
+    kube.requests.clear()
+    outcome = reconciler.reconcile(NS, "web")
+    assert outcome is not None and kube.writes == []
+    assert kube.requests == AT_REST_READS
+    assert outcome.resting is not None
+    assert outcome.resting.deployments == (("web", version(kube, "web")), ("web-canary", None))
+
+
+def test_a_pass_with_a_timer_names_none() -> None:
+    """Paused for an hour in batch 2, writing nothing: the plan has a timer (the pause's end), so its pass is
+    not at rest."""
+    kube = builders.cluster(batches=[{"replicas": 1}, {"replicas": 2, "pause": "1h"}, {"replicas": 4}])
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(20):
+        outcome = reconciler.reconcile(NS, "web", now=now)
+        assert outcome is not None
+        status = builders.status_of(kube)
+        if status.get("currentBatch") == 2 and (status.get("batchTimes") or {}).get("readyAt"):
+            break
+        builders.roll_out(kube)
+        now += timedelta(seconds=10)
+    kube.requests.clear()
+    paused = reconciler.reconcile(NS, "web", now=now + timedelta(seconds=10))
+    assert paused is not None and kube.writes == []
+    assert paused.plan.requeue_after is not None and paused.resting is None
+
+
+def test_a_pass_that_writes_names_none() -> None:
+    kube = builders.cluster()
+    outcome = Reconciler(kube).reconcile(NS, "web", now=T0)  # the first pass: it starts the release
+    assert outcome is not None and kube.writes and outcome.resting is None
+
+
+def test_a_release_whose_deployment_is_found_by_its_labels_names_none() -> None:
+    """Found by ``appName``: a Deployment labelled later would be a new input no version read shows."""
+    release = builders.release()
+    del release["spec"]["targetRef"]
+    release["spec"]["appName"] = "web"
+    kube = MemoryKube(builders.stable(), builders.service(), release)
+    builders.roll_out(kube)
+    _, outcome = until_at_rest(kube, builders.roll_out, "Succeeded")
+    assert outcome.resting is None

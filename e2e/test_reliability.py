@@ -53,8 +53,11 @@ TERMINAL = {"Succeeded", "Failed", "Aborted", "InvalidSpec"}
 V1, V2 = "registry.example/app:v1", "registry.example/app:v2"
 QUIET_WINDOW = 300.0
 #: The idle window's controllers look at each release again this often (``--resync-seconds``; 900 by default):
-#: the window then holds two resync passes of each release, which must write nothing either.
+#: the window then holds two resyncs of each release, which must write nothing either. The controller
+#: without leader election passes a release in full at every one of them (``--full-resync-seconds`` 60); the
+#: other, with the default (3600), leaves them without a pass, nothing its releases read having changed.
 QUIET_RESYNC = 120.0
+QUIET_FULL_RESYNC = {"no-leader-elect": 60.0, "leader-elect": 3600.0}
 #: Figures the tests report (printed at the end of the module; the README's Reliability section quotes them).
 FIGURES: dict[str, Any] = {}
 
@@ -92,6 +95,7 @@ class IdleWindow:
     namespaces: dict[str, str]  # mode -> namespace
     metrics_ports: dict[str, int]  # mode -> the controller's /metrics
     passes_at_start: dict[str, float]  # mode -> passes the controller had made when the window started
+    unchanged_at_start: dict[str, float]  # mode -> its resyncs without a pass by then
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -116,7 +120,8 @@ def idle_window(
             cluster.wait_for_namespace_ready(ns)
             # --lease-seconds 30: the API server restart of another test must not cost this one its lease.
             args = ["--no-leader-elect"] if mode == "no-leader-elect" else ["--lease-seconds", "30"]
-            args += ["--resync-seconds", f"{QUIET_RESYNC:g}", "--metrics-port", str(ports[mode])]
+            args += ["--resync-seconds", f"{QUIET_RESYNC:g}", "--full-resync-seconds", f"{QUIET_FULL_RESYNC[mode]:g}"]
+            args += ["--metrics-port", str(ports[mode])]
             c = Controller(cluster, ns, logs / f"{mode}.log", extra_args=args)
             c.start()
             controllers.append(c)
@@ -159,6 +164,7 @@ def idle_window(
             namespaces=namespaces,
             metrics_ports=ports,
             passes_at_start={mode: passes_made(port) for mode, port in ports.items()},
+            unchanged_at_start={mode: passes_made(port, UNCHANGED_METRIC) for mode, port in ports.items()},
         )
     finally:
         for c in controllers:
@@ -170,16 +176,18 @@ def idle_window(
             print("\nreliability figures: " + json.dumps(FIGURES, sort_keys=True))
 
 
-def passes_made(metrics_port: int) -> float:
-    """The passes a controller has made (``greyrelease_reconcile_duration_seconds_count`` on its /metrics)."""
+PASSES_METRIC = "greyrelease_reconcile_duration_seconds_count"
+UNCHANGED_METRIC = "greyrelease_resyncs_unchanged_total"
+
+
+def passes_made(metrics_port: int, metric: str = PASSES_METRIC) -> float:
+    """The passes a controller has made (``greyrelease_reconcile_duration_seconds_count`` on its /metrics), or
+    another count of it (``metric``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    counts = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(PASSES_METRIC + " ")]
-    assert counts, f"no {PASSES_METRIC} on the controller's /metrics"
+    counts = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(metric + " ")]
+    assert counts, f"no {metric} on the controller's /metrics"
     return counts[0]
-
-
-PASSES_METRIC = "greyrelease_reconcile_duration_seconds_count"
 
 
 # --- crash and resume ----------------------------------------------------------------------------------------
@@ -629,10 +637,18 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
         time.sleep(remaining)
     until = idle_window.started + timedelta(seconds=QUIET_WINDOW)
     # Each release was looked at again in the window (at least twice at one resync every 108-132 s), and
-    # those passes are among what wrote nothing below.
-    resyncs = {m: passes_made(p) - idle_window.passes_at_start[m] for m, p in idle_window.metrics_ports.items()}
-    print(f"passes in the window (2 releases, --resync-seconds {QUIET_RESYNC:g}): {resyncs}")
-    assert all(n >= 4 for n in resyncs.values()), resyncs
+    # those resyncs are among what wrote nothing below: full passes under the controller without leader
+    # election, none under the other (nothing its releases read changed).
+    ports = idle_window.metrics_ports
+    passes = {m: passes_made(p) - idle_window.passes_at_start[m] for m, p in ports.items()}
+    unchanged = {m: passes_made(p, UNCHANGED_METRIC) - idle_window.unchanged_at_start[m] for m, p in ports.items()}
+    print(
+        f"in the window (2 releases, --resync-seconds {QUIET_RESYNC:g}): passes {passes}, "
+        f"resyncs without a pass {unchanged}"
+    )
+    assert passes["no-leader-elect"] >= 4 and unchanged["no-leader-elect"] == 0, (passes, unchanged)
+    assert unchanged["leader-elect"] >= 4 and passes["leader-elect"] == 0, (passes, unchanged)
+    resyncs = {m: passes[m] + unchanged[m] for m in ports}
     quiet, leased = idle_window.namespaces["no-leader-elect"], idle_window.namespaces["leader-elect"]
     # Whoever wrote (any client): the releases, apps and Events of these namespaces are nobody else's.
     anyone = audited_writes(local, namespace=quiet, agents=(), since=idle_window.started, until=until)

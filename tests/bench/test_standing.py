@@ -74,7 +74,17 @@ def test_a_window_at_rest_in_figures() -> None:
     assert s["rss_mib"] == [300.0, 100.0] and s["peak_rss_mib"] == [310.0, 101.0]
     assert s["passes_per_min"] == 1333.3
     assert s["cpu_ms_per_pass"] == 1.0  # 4 s of CPU over 4,000 passes
+    assert s["unchanged_per_min"] == 0.0 and s["cpu_ms_per_resync"] == 1.0
     assert s["quiet"]
+
+
+def test_resyncs_without_a_pass_are_counted_and_share_the_cpu_with_the_passes() -> None:
+    window = rest(requests_figures({"reads": Counter({"watch deployments": 3})}))
+    window.unchanged = 36_000
+    s = summarise_rest(window)
+    assert s["passes_per_min"] == 1333.3 and s["unchanged_per_min"] == 12000.0
+    assert s["cpu_ms_per_resync"] == 0.1  # 4 s of CPU over 4,000 passes and 36,000 looks
+    assert any("12000.0 resyncs a minute without a pass" in row for row in rest_rows("at rest", s))
 
 
 @pytest.mark.parametrize(

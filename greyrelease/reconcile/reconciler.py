@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from greyrelease.analysis.webhooks import due as webhooks_due
-from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
+from greyrelease.api.release import BatchState, GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
 from greyrelease.kube.protocol import Kube
 from greyrelease.kube.workload import canary_name
 from greyrelease.planner.actions import Event, Plan
@@ -57,10 +57,20 @@ class Inputs:
     deployments: tuple[tuple[str, str | None], ...]
 
 
-def _inputs(release: Obj, scene: Scene) -> Inputs | None:
-    """The :class:`Inputs` of a pass at rest. None when the target was not read by name (found by its
-    labels, a Deployment labelled since would not show in these versions), is absent, or a version is
-    missing."""
+#: The phases whose passes read only the release, its Deployment and canary, and the policies, when they find
+#: nothing to do and set no timer (tests/reconcile/test_rest_inputs.py). Not the others: one waiting to
+#: start reads the releases it queues behind or comes after, and a refused spec asks its router about the
+#: objects the spec names.
+RESTING = frozenset({Phase.IDLE, Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED, Phase.PAUSED})
+
+
+def _inputs(release: Obj, scene: Scene, status: GreyReleaseStatus) -> Inputs | None:
+    """The :class:`Inputs` of a pass at rest that planned ``status``. None in a phase not :data:`RESTING` (or
+    paused while its canary grows, when a pass may count the canary's endpoints), when the target was not
+    read by name (found by its labels, a Deployment labelled since would not show in these versions), is
+    absent, or a version is missing."""
+    if status.phase not in RESTING or status.batch_state == BatchState.UPSCALING:
+        return None
     target, canary = scene.deployments.target, scene.deployments.canary
     if scene.spec.target_ref is None or target is None:
         return None
@@ -149,7 +159,7 @@ class Reconciler:
             resting = None
             at_rest = not (plan.actions or plan.events or asked or calls or scene.observed.deleting)
             if at_rest and plan.status is status and plan.requeue_after is None:
-                resting = _inputs(release, scene)
+                resting = _inputs(release, scene, status)
             return Outcome(plan, watched, decided_at, spec.follows, resting)
 
     def _notify(

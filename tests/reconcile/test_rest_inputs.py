@@ -131,6 +131,40 @@ def test_a_pass_with_a_timer_names_none() -> None:
     assert paused.plan.requeue_after is not None and paused.resting is None
 
 
+def test_a_release_paused_by_hand_reads_the_same_and_names_its_canary_s_version_too() -> None:
+    kube = builders.cluster(
+        batches=[{"replicas": 1, "pause": "manual"}, {"replicas": 2}], trafficRouting={"service": {"name": "web"}}
+    )
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(20):
+        reconciler.reconcile(NS, "web", now=now)
+        if builders.status_of(kube).get("batchState") == "WaitingForApproval":
+            break
+        builders.roll_out(kube)
+        now += timedelta(seconds=10)
+    kube.patch(RELEASE, {"metadata": {"annotations": {"greyrelease.io/pause": "true"}}})
+    reconciler, _ = until_at_rest(kube, builders.roll_out, "Paused")
+    kube.requests.clear()
+    outcome = reconciler.reconcile(NS, "web", now=T0 + timedelta(hours=2))
+    assert outcome is not None and kube.writes == []
+    assert kube.requests == AT_REST_READS
+    assert outcome.resting is not None
+    assert outcome.resting.deployments == (("web", version(kube, "web")), ("web-canary", version(kube, "web-canary")))
+
+
+def test_a_release_waiting_for_another_names_none() -> None:
+    """Waiting to start after ``api``: its passes read the releases it comes after, which no version of its own
+    inputs shows."""
+    api = builders.release()
+    api["metadata"] |= {"name": "api", "uid": "api-uid"}
+    kube = builders.cluster(after=[{"name": "api"}])
+    kube.put(api)
+    reconciler = Reconciler(kube)
+    for seconds in range(0, 40, 10):
+        outcome = reconciler.reconcile(NS, "web", now=T0 + timedelta(seconds=seconds))
+        assert outcome is not None and outcome.plan.status.phase == "Waiting" and outcome.resting is None
+
+
 def test_a_pass_that_writes_names_none() -> None:
     kube = builders.cluster()
     outcome = Reconciler(kube).reconcile(NS, "web", now=T0)  # the first pass: it starts the release

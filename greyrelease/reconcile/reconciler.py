@@ -46,7 +46,7 @@ log = logging.getLogger("greyrelease")
 Notify = Callable[[list[Delivery]], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per release at rest
 class Inputs:
     """What a pass that found nothing to do and nothing to wait for read, by resourceVersion: the release's,
     and each of its Deployments' by name (None: absent). Another pass from the same versions, with the

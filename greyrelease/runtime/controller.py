@@ -118,7 +118,7 @@ class Tuning:
     sync_timeout: float = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per release at rest
 class Resting:
     """A release's last pass found nothing to do and nothing to wait for: what it read (the versions of the
     release and its Deployments, the self-test result shown, the policies), and when its next full pass is

@@ -638,7 +638,8 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
     until = idle_window.started + timedelta(seconds=QUIET_WINDOW)
     # Each release was looked at again in the window (at least twice at one resync every 108-132 s), and
     # those resyncs are among what wrote nothing below: full passes under the controller without leader
-    # election, none under the other (nothing its releases read changed).
+    # election; under the other, at most the first resync after a release's last status write (its
+    # resourceVersion changed since the pass before), the others without a pass.
     ports = idle_window.metrics_ports
     passes = {m: passes_made(p) - idle_window.passes_at_start[m] for m, p in ports.items()}
     unchanged = {m: passes_made(p, UNCHANGED_METRIC) - idle_window.unchanged_at_start[m] for m, p in ports.items()}
@@ -646,9 +647,10 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
         f"in the window (2 releases, --resync-seconds {QUIET_RESYNC:g}): passes {passes}, "
         f"resyncs without a pass {unchanged}"
     )
-    assert passes["no-leader-elect"] >= 4 and unchanged["no-leader-elect"] == 0, (passes, unchanged)
-    assert unchanged["leader-elect"] >= 4 and passes["leader-elect"] == 0, (passes, unchanged)
     resyncs = {m: passes[m] + unchanged[m] for m in ports}
+    assert all(n >= 4 for n in resyncs.values()), resyncs
+    assert unchanged["no-leader-elect"] == 0, unchanged
+    assert passes["leader-elect"] <= 2 and unchanged["leader-elect"] >= 2, (passes, unchanged)
     quiet, leased = idle_window.namespaces["no-leader-elect"], idle_window.namespaces["leader-elect"]
     # Whoever wrote (any client): the releases, apps and Events of these namespaces are nobody else's.
     anyone = audited_writes(local, namespace=quiet, agents=(), since=idle_window.started, until=until)

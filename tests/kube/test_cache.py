@@ -72,6 +72,22 @@ def test_deletion_older_than_the_held_body_is_ignored(packed: bool) -> None:
 
 
 @pytest.mark.parametrize("packed", [False, True])
+def test_the_version_held_is_told_without_parsing_and_every_change_is_counted(packed: bool) -> None:
+    store = Store(packed=packed)
+    assert store.version("default", "web") is None and store.changes == 0
+    store.fold(obj("web", 5))
+    assert store.version("default", "web") == "5" and store.changes == 1
+    assert not store.fold(obj("web", 4))  # older: nothing changes, nothing counted
+    assert store.version("default", "web") == "5" and store.changes == 1
+    store.delete(obj("web", 6))
+    assert store.version("default", "web") is None and store.changes == 2
+    store.replace([obj("web", 8)], 8)
+    assert store.version("default", "web") == "8" and store.changes == 3
+    store.fold(obj("api", "not-a-number"))
+    assert store.version("default", "api") is None  # no version to compare: never taken as unchanged
+
+
+@pytest.mark.parametrize("packed", [False, True])
 def test_relist_replaces_the_copy_but_keeps_newer_writes(packed: bool) -> None:
     store = Store(packed=packed)
     store.fold(obj("gone", 2))  # deleted while no watch was open

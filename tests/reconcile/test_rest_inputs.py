@@ -18,33 +18,7 @@ from greyrelease.reconcile.reconciler import Inputs, Outcome, Reconciler
 from tests.support import builders, follow_cluster
 from tests.support.builders import NS, RELEASE, T0
 
-INGRESS: Obj = {
-    "apiVersion": "networking.k8s.io/v1",
-    "kind": "Ingress",
-    "metadata": {"name": "web", "namespace": NS},
-    "spec": {
-        "ingressClassName": "nginx",
-        "rules": [
-            {
-                "http": {
-                    "paths": [
-                        {
-                            "path": "/",
-                            "pathType": "Prefix",
-                            "backend": {"service": {"name": "web", "port": {"number": 80}}},
-                        }
-                    ]
-                }
-            }
-        ],
-    },
-}
-ROUTE: Obj = {
-    "apiVersion": "gateway.networking.k8s.io/v1",
-    "kind": "HTTPRoute",
-    "metadata": {"name": "web", "namespace": NS},
-    "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
-}
+INGRESS, ROUTE = builders.ingress(), builders.http_route()
 # (The in-memory server has no EndpointSlices: with the nginx and Gateway API routers the canary never shows
 # ready behind its Service, and the release ends Failed at its deadline, its traffic back on the stable.)
 ROUTERS = [

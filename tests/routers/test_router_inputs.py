@@ -12,6 +12,7 @@ from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import path
 from greyrelease.routers import Router, router_for
 
+from tests.support import builders
 from tests.support.builders import NS, SERVICE, UID, service
 
 RELEASE = {"metadata": {"name": "web", "namespace": NS, "uid": UID}}
@@ -50,33 +51,8 @@ def test_service_mode_abort_without_a_hash_leaves_the_service_as_it_is() -> None
     assert selector(kube) == {"app": "web"} and not any(verb == "PATCH" for verb, _ in kube.writes)
 
 
-INGRESS = {
-    "apiVersion": "networking.k8s.io/v1",
-    "kind": "Ingress",
-    "metadata": {"name": "web", "namespace": NS},
-    "spec": {
-        "ingressClassName": "nginx",
-        "rules": [
-            {
-                "http": {
-                    "paths": [
-                        {
-                            "path": "/",
-                            "pathType": "Prefix",
-                            "backend": {"service": {"name": "web", "port": {"number": 80}}},
-                        }
-                    ]
-                }
-            }
-        ],
-    },
-}
-ROUTE = {
-    "apiVersion": "gateway.networking.k8s.io/v1",
-    "kind": "HTTPRoute",
-    "metadata": {"name": "web", "namespace": NS, "resourceVersion": "1"},
-    "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
-}
+INGRESS = builders.ingress()
+ROUTE = builders.http_route()
 
 
 @pytest.mark.parametrize(

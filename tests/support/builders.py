@@ -50,6 +50,27 @@ def service() -> Obj:
     }
 
 
+def ingress() -> Obj:
+    """The Ingress ``web`` of class nginx, all paths to the Service ``web``."""
+    path_ = {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"ingressClassName": "nginx", "rules": [{"http": {"paths": [path_]}}]},
+    }
+
+
+def http_route() -> Obj:
+    """The HTTPRoute ``web``, all requests to the Service ``web``."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": NS, "resourceVersion": "1"},
+        "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
+    }
+
+
 def release(**spec: Any) -> Obj:
     """The GreyRelease ``web``: three batches to ``v2`` unless ``spec`` says otherwise."""
     return {

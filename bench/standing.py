@@ -87,8 +87,8 @@ TERMINAL = {"Succeeded", "Aborted", "Failed"}
 #: A replica is settled when it used less than this share of a core over ``SETTLE_EVERY`` seconds.
 SETTLED_CORE = 0.1
 SETTLE_EVERY = 10.0
-#: The controller's counter of resyncs that made no pass (greyrelease.reconcile.metrics.RESYNCS_UNCHANGED).
-UNCHANGED = "greyrelease_resyncs_unchanged"
+#: The controller's counter of resyncs that made no pass (greyrelease.reconcile.metrics.PASSES_SKIPPED).
+UNCHANGED = "greyrelease_passes_skipped"
 SETTLE_LIMIT = 300.0  # an idle release's resync period: the rest window starts after at most that
 WRITERS = 32  # threads creating and patching at once
 

@@ -177,7 +177,7 @@ def idle_window(
 
 
 PASSES_METRIC = "greyrelease_reconcile_duration_seconds_count"
-UNCHANGED_METRIC = "greyrelease_resyncs_unchanged_total"
+UNCHANGED_METRIC = "greyrelease_passes_skipped_total"
 
 
 def passes_made(metrics_port: int, metric: str = PASSES_METRIC) -> float:

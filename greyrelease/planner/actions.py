@@ -181,5 +181,12 @@ class Plan:
     events: tuple[Event, ...] = ()
     #: Seconds until the release should be looked at again; None: only when something changes.
     requeue_after: float | None = None
+    #: Whether ``requeue_after`` is (or includes) a poll: a look again in case a wake-up is lost while the
+    #: release waits on what the watches wake it for (its Deployments converging), not a time the plan
+    #: itself depends on. A pass that left nothing changed need not be repeated for it while nothing it
+    #: read changes (see ``Runtime.unchanged``).
+    polled: bool = False
+    #: With ``polled``: the seconds until a time the plan depends on (a deadline), None when there is none.
+    timer_after: float | None = None
     #: Deletion only: everything is cleaned up and the finalizer may go.
     done: bool = False

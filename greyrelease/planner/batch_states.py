@@ -48,7 +48,8 @@ def upscale(p: Pass, b: Batch) -> Then:
                 p.act(ScaleStable(stable_before))
         # The message does not count ready pods: it would cost a status write per pod.
         p.set(message=f"{b.label}: waiting for {step.canary_replicas} canary pods to be ready")
-        p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        p.at(deadline)
+        p.poll(CONVERGE_POLL)
         return WAIT
     serving = p.world.canary_endpoints
     if serving is not None and serving < step.canary_replicas and (step.weight or step.header_match):

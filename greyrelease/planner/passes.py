@@ -98,6 +98,7 @@ class Pass:
         self.actions: list[Action] = []
         self.events: list[Event] = []
         self.requeue: float | None = None
+        self.polling: float | None = None
         self.done = False
         self._steps: tuple[int, list[Step]] | None = None
 
@@ -137,7 +138,11 @@ class Pass:
         self.set(last_release=record)
 
     def set(self, **changes: Any) -> None:
-        self.status = self.status.model_copy(update=changes)
+        """The status with ``changes``; the same object when it has them already (a pass that changes
+        nothing leaves the status it read, which needs no comparison to tell: see ``Reconciler._record``)."""
+        status = self.status
+        if any(getattr(status, k) != v for k, v in changes.items()):
+            self.status = status.model_copy(update=changes)
 
     def steps(self, replicas: int) -> list[Step]:
         """The batches for a stable of ``replicas`` (computed once a pass: states that follow each other
@@ -180,6 +185,11 @@ class Pass:
 
     def at(self, when: datetime) -> None:
         self.again((when - self.now).total_seconds())
+
+    def poll(self, seconds: float) -> None:
+        """Look again within ``seconds`` while the release waits on its Deployments, which wake it as they
+        change: a net under a lost wake-up, not a time the plan depends on (that is :meth:`at`)."""
+        self.polling = seconds if self.polling is None else min(self.polling, seconds)
 
     def phase(self, phase: Phase, message: str) -> None:
         changes: dict[str, Any] = {"phase": phase, "message": message}
@@ -247,9 +257,15 @@ class Pass:
             status=st,
             actions=tuple(self.actions),
             events=tuple(self.events),
-            requeue_after=self.requeue,
+            requeue_after=_earliest(self.requeue, self.polling),
+            polled=self.polling is not None,
+            timer_after=self.requeue if self.polling is not None else None,
             done=self.done,
         )
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def paused(spec: GreyReleaseSpec, world: Observed) -> bool:

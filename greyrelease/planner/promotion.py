@@ -9,8 +9,6 @@ Deployment controller reports ProgressDeadlineExceeded) fails the release, its c
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from greyrelease.api.release import GreyReleaseSpec, Outcome, Phase, Restore
 from greyrelease.planner import follow
 from greyrelease.planner import reasons as R
@@ -64,7 +62,7 @@ def promote(p: Pass, target: Workload) -> Then:
             # would keep old pods serving while it rolls.
             # (The message is the one the next step shows too: no status write just for this wait.)
             p.set(message=waiting)
-            p.at(p.now + timedelta(seconds=CONVERGE_POLL))
+            p.poll(CONVERGE_POLL)
             return WAIT
         if target.image != image or target.replicas != replicas:
             # The narrowing of the stable Service goes first: the stable's new pods must get traffic.
@@ -73,7 +71,8 @@ def promote(p: Pass, target: Workload) -> Then:
         if p.now >= deadline:
             return deadline_passed(p, f"promotion: {target.ready}/{replicas} stable pods ready on {image}")
         p.set(message=waiting)
-        p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        p.at(deadline)
+        p.poll(CONVERGE_POLL)
         return WAIT
     if _remove_canary(p) is WAIT:
         return WAIT
@@ -99,7 +98,7 @@ def _remove_canary(p: Pass) -> Then:
             p.set_weight(0)
         p.act(DeleteCanary())
         p.set(message="promoted: removing the canary", canary_weight=0)
-        p.again(CONVERGE_POLL)
+        p.poll(CONVERGE_POLL)
         return WAIT
     p.act(ResetRouting())
     return GO_ON
@@ -148,9 +147,10 @@ def _promote_following(p: Pass, target: Workload) -> Then:
             message=f"promoting: waiting for Deployment {target.name} to roll {follow.named(p, digest)} to all its pods"
         )
         if target.reports_timeouts():
-            p.again(CONVERGE_POLL)  # the Deployment controller says when it gives up; its condition wakes us
+            p.poll(CONVERGE_POLL)  # the Deployment controller says when it gives up; its condition wakes us
         else:
-            p.at(min(p.deadline(st.phase_started_at), p.now + timedelta(seconds=CONVERGE_POLL)))
+            p.at(p.deadline(st.phase_started_at))
+            p.poll(CONVERGE_POLL)
         return WAIT
     if _remove_canary(p) is WAIT:
         return WAIT

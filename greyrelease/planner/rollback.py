@@ -8,7 +8,7 @@ released (the Deployment controller then rolls the template as it is), the enrol
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from greyrelease.api.release import PROMOTE_ANNOTATION, Outcome, Phase, Restore
 from greyrelease.planner import asks, follow
@@ -57,11 +57,12 @@ def _restore(p: Pass, since: datetime) -> bool:
     deadline = p.deadline(since)
     if not stable_ready and p.now < deadline:
         # Keep the canary's pods until the stable can carry the load again; they get no traffic.
-        p.at(min(deadline, p.now + timedelta(seconds=CONVERGE_POLL)))
+        p.at(deadline)
+        p.poll(CONVERGE_POLL)
         return False
     if world.own_canary is not None:
         p.act(DeleteCanary())
-        p.again(CONVERGE_POLL)
+        p.poll(CONVERGE_POLL)
         return False
     p.act(ResetRouting())
     return True
@@ -157,7 +158,7 @@ def _hand_back(p: Pass) -> None:
     if world.own_canary is not None:
         p.set_weight(0)
         p.act(DeleteCanary())
-        p.again(CONVERGE_POLL)
+        p.poll(CONVERGE_POLL)
         return
     if started(p.status) or world.canary is not None:
         p.act(ResetRouting())

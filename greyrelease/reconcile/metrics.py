@@ -4,8 +4,8 @@
 - ``greyrelease_batch_transitions_total``: batches that went live
 - ``greyrelease_rollbacks_total{reason}``: rollbacks started, by reason (Aborted, AnalysisFailed, ...)
 - ``greyrelease_reconcile_duration_seconds``: one pass (observe, decide, act, record)
-- ``greyrelease_resyncs_unchanged_total``: resyncs of a release at rest that made no pass, as nothing its
-  last pass read had changed (see ``Runtime.unchanged``)
+- ``greyrelease_passes_skipped_total``: resyncs of a release at rest, and polls of one waiting on its
+  Deployments, that made no pass, as nothing its last pass read had changed (see ``Runtime.unchanged``)
 - ``greyrelease_prometheus_query_duration_seconds`` and ``greyrelease_prometheus_query_errors_total``
 - ``greyrelease_gc_pause_seconds{generation}``: Python's cyclic garbage collections, which stop every
   thread of the process while they run (the oldest generation's grow with the objects held in memory)
@@ -59,9 +59,9 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-RESYNCS_UNCHANGED = Counter(
-    "greyrelease_resyncs_unchanged_total",
-    "Resyncs of a release at rest left without a pass: nothing its last pass read had changed.",
+PASSES_SKIPPED = Counter(
+    "greyrelease_passes_skipped_total",
+    "Resyncs and polls of a release left without a pass: nothing its last pass read had changed.",
 )
 QUERY_ERRORS = Counter("greyrelease_prometheus_query_errors_total", "Prometheus queries that failed after retries.")
 _NOTIFICATION = ["notification", "format"]

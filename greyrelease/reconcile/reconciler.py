@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from greyrelease.analysis.webhooks import due as webhooks_due
-from greyrelease.api.release import BatchState, GreyReleaseSpec, GreyReleaseStatus, Obj, Phase
-from greyrelease.kube.protocol import Kube
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
+from greyrelease.kube.protocol import MERGE, Kube, PatchBody, Ref
 from greyrelease.kube.workload import canary_name
 from greyrelease.planner.actions import Event, Plan
 from greyrelease.planner.invalid import invalid_spec
@@ -34,11 +34,11 @@ from greyrelease.reconcile.gates import Gates, due
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.notify import Delivery, deliveries
 from greyrelease.reconcile.observe import Scene, observe
-from greyrelease.reconcile.policies import Governing
+from greyrelease.reconcile.policies import POLICIES_PATH, Governing
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 
-__all__ = ["Inputs", "Outcome", "Reconciler", "deployments_path", "release_path"]
+__all__ = ["Inputs", "Outcome", "ReadLog", "inputs_of", "Reconciler", "deployments_path", "release_path"]
 
 log = logging.getLogger("greyrelease")
 
@@ -48,38 +48,74 @@ Notify = Callable[[list[Delivery]], None]
 
 @dataclass(frozen=True, slots=True)  # one per release at rest
 class Inputs:
-    """What a pass that found nothing to do and nothing to wait for read, by resourceVersion: the release's,
-    and each of its Deployments' by name (None: absent). Another pass from the same versions, with the
-    same self-test result and policies, plans the same: the runtime's resync then leaves it out (see
-    :meth:`~greyrelease.runtime.controller.Runtime.unchanged`)."""
+    """What a pass that found nothing to do read, by resourceVersion: the release's, and each of its
+    Deployments' by name (None: absent). Another pass from the same versions, with the same self-test
+    result and policies, before any timer of its plan, plans the same: the runtime's resync or poll then
+    leaves it out (see :meth:`~greyrelease.runtime.controller.Runtime.unchanged`)."""
 
     release: str
     deployments: tuple[tuple[str, str | None], ...]
 
 
-#: The phases whose passes read only the release, its Deployment and canary, and the policies, when they find
-#: nothing to do and set no timer (tests/reconcile/test_rest_inputs.py). Not the others: one waiting to
-#: start reads the releases it queues behind or comes after, and a refused spec asks its router about the
-#: objects the spec names.
-RESTING = frozenset({Phase.IDLE, Phase.SUCCEEDED, Phase.ABORTED, Phase.FAILED, Phase.PAUSED})
+class ReadLog:
+    """The API a pass observes through: what it reads (verb and path) is noted, to tell afterwards whether
+    the pass read anything :class:`Inputs` do not name. Writes go through as they are."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.reads: list[tuple[str, Ref]] = []
+
+    def get(self, ref: Ref) -> Obj | None:
+        self.reads.append(("GET", ref))
+        return self.kube.get(ref)
+
+    def list(self, ref: Ref, *, label_selector: str | None = None) -> list[Obj]:
+        self.reads.append(("LIST", ref))
+        return self.kube.list(ref, label_selector=label_selector)
+
+    def create(self, ref: Ref, body: Obj) -> Obj:
+        return self.kube.create(ref, body)
+
+    def patch(
+        self,
+        ref: Ref,
+        body: PatchBody,
+        *,
+        patch_type: str = MERGE,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        return self.kube.patch(ref, body, patch_type=patch_type, field_manager=field_manager, dry_run=dry_run)
+
+    def replace(self, ref: Ref, body: Obj) -> Obj:
+        return self.kube.replace(ref, body)
+
+    def delete(self, ref: Ref, *, propagation: str = "Background") -> Obj | None:
+        return self.kube.delete(ref, propagation=propagation)
 
 
-def _inputs(release: Obj, scene: Scene, status: GreyReleaseStatus) -> Inputs | None:
-    """The :class:`Inputs` of a pass at rest that planned ``status``. None in a phase not :data:`RESTING` (or
-    paused while its canary grows, when a pass may count the canary's endpoints), when the target was not
-    read by name (found by its labels, a Deployment labelled since would not show in these versions), is
-    absent, or a version is missing."""
-    if status.phase not in RESTING or status.batch_state == BatchState.UPSCALING:
-        return None
+def inputs_of(release: Obj, scene: Scene, reads: list[tuple[str, Ref]]) -> Inputs | None:
+    """The :class:`Inputs` of a pass that found nothing to do, when its ``reads`` (besides the release) were
+    of its Deployment and canary by name and of the policies only. None when it read anything else (the
+    releases a release waiting to start comes after or queues behind, a canary Service's endpoints, the
+    objects a refused spec names), when the target was not read by name (found by its labels, a Deployment
+    labelled since would not show in these versions) or is absent, or when a version is missing."""
     target, canary = scene.deployments.target, scene.deployments.canary
     if scene.spec.target_ref is None or target is None:
+        return None
+    name, namespace = target["metadata"]["name"], release["metadata"]["namespace"]
+    named = {
+        ("GET", deployments_path(namespace, name)),
+        ("GET", deployments_path(namespace, canary_name(name))),
+        ("LIST", POLICIES_PATH),
+    }
+    if any(read not in named for read in reads):
         return None
     release_version = (release.get("metadata") or {}).get("resourceVersion")
     target_version = target["metadata"].get("resourceVersion")
     canary_version = canary["metadata"].get("resourceVersion") if canary is not None else None
     if not release_version or not target_version or (canary is not None and not canary_version):
         return None
-    name = target["metadata"]["name"]
     return Inputs(str(release_version), ((name, str(target_version)), (canary_name(name), canary_version)))
 
 
@@ -94,7 +130,8 @@ class Outcome:
     decided_at: float = field(default_factory=time.monotonic)
     #: Follow mode: every change of the target may be news (a template held, a revert, an HPA's resize).
     follows: bool = False
-    #: The pass found nothing to do, nothing to record and nothing to wait for: what it read.
+    #: The pass found nothing to do and nothing to record, and waits for nothing but a change or its poll's
+    #: time (``plan.polled``) or a timer (``plan.timer_after``): what it read.
     resting: Inputs | None = None
 
 
@@ -140,7 +177,8 @@ class Reconciler:
                 write_status(self.kube, release, plan.status)
                 self._export(release, None, plan.status)
                 return Outcome(plan, decided_at=decided_at)
-            scene = observe(self.kube, release, spec, status, self.governing, self.held)
+            log = ReadLog(self.kube)
+            scene = observe(log, release, spec, status, self.governing, self.held)
             asked = due(spec, status, now)
             if asked:
                 scene.observed = replace(scene.observed, checks=self.gates.checks(release, spec, status))
@@ -157,9 +195,9 @@ class Reconciler:
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             watched = tuple(sorted(names | {canary_name(n) for n in names}))
             resting = None
-            at_rest = not (plan.actions or plan.events or asked or calls or scene.observed.deleting)
-            if at_rest and plan.status is status and plan.requeue_after is None:
-                resting = _inputs(release, scene, status)
+            quiet = not (plan.actions or plan.events or asked or calls or scene.observed.deleting)
+            if quiet and plan.status is status and (plan.requeue_after is None or plan.polled):
+                resting = inputs_of(release, scene, log.reads)
             return Outcome(plan, watched, decided_at, spec.follows, resting)
 
     def _notify(

@@ -93,8 +93,9 @@ def spread(key: Key, seconds: float, share: float = 0.1) -> float:
 class Tuning:
     #: A release with nothing scheduled still looks again this often, give or take 10 %: a net under lost
     #: wake-ups, not how anything is noticed. 15 minutes, as Argo Rollouts resyncs: at 10,000 standing
-    #: releases, 11 a second. A release at rest is passed again only when something its last pass read has
-    #: changed in memory since (:meth:`Runtime.unchanged`), and in any case every ``full_resync``.
+    #: releases, 11 a second. A release at rest (or polling its Deployments) is passed again only when
+    #: something its last pass read has changed in memory since (:meth:`Runtime.unchanged`), and in any
+    #: case every ``full_resync``.
     idle_resync: float = 900.0
     #: A release at rest is passed in full at least this often, give or take 10 %, whatever its reads say.
     full_resync: float = 3600.0
@@ -118,16 +119,19 @@ class Tuning:
     sync_timeout: float = 60.0
 
 
-@dataclass(frozen=True, slots=True)  # one per release at rest
+@dataclass(frozen=True, slots=True)  # one per release at rest or waiting on its Deployments
 class Resting:
-    """A release's last pass found nothing to do and nothing to wait for: what it read (the versions of the
-    release and its Deployments, the self-test result shown, the policies), and when its next full pass is
-    due all the same (time.monotonic)."""
+    """A release's last pass found nothing to do: what it read (the versions of the release and its
+    Deployments, the self-test result shown, the policies); when a pass is due whatever they say (its
+    plan's timer, ``due_by``, and the full resync, ``full_by``; time.monotonic); and its poll (None: at
+    rest, looked at again at the resync)."""
 
     inputs: Inputs
     held: HeldCheck | None
     policies: int
     full_by: float
+    due_by: float
+    poll: float | None
 
 
 class Registry:
@@ -154,7 +158,7 @@ class Registry:
         self.following: set[Key] = set()
         #: Passes failed in a row, per release failing now (see :func:`backoff`).
         self.failures: dict[Key, int] = {}
-        #: The releases whose last pass found them at rest: what it read (see :meth:`Runtime.unchanged`).
+        #: The releases whose last pass found nothing to do: what it read (see :meth:`Runtime.unchanged`).
         self.resting: dict[Key, Resting] = {}
 
     def watch(self, key: Key, deployments: tuple[str, ...], *, waiting: bool) -> None:
@@ -382,9 +386,11 @@ class Runtime:
             return None  # kopf's deletion handler passes it from now on (release_deleted)
         abort = key in registry.aborting
         registry.aborting.discard(key)
-        if not (urgent or abort) and self.unchanged(key):
-            metrics.RESYNCS_UNCHANGED.inc()
-            return spread(key, self.tuning.idle_resync)
+        if not (urgent or abort) and (rest := self.unchanged(key)) is not None:
+            metrics.PASSES_SKIPPED.inc()
+            if rest.poll is None:
+                return spread(key, self.tuning.idle_resync)
+            return max(0.0, min(rest.poll, rest.due_by - time.monotonic()))
         # What the pass reads besides its objects, taken before it reads: a change while it runs wakes it
         # again, and that pass must not find these equal.
         held, policies = self.held.result if self.held is not None else None, self.policies.changes
@@ -413,33 +419,40 @@ class Runtime:
             registry.held_back[key] = phase
         else:
             registry.held_back.pop(key, None)
-        timeout = outcome.plan.requeue_after
+        plan = outcome.plan
+        timeout = plan.requeue_after
         if outcome.resting is not None:
             full_by = time.monotonic() + spread(key, self.tuning.full_resync)
-            registry.resting[key] = Resting(outcome.resting, held, policies, full_by)
+            due_by = outcome.decided_at + plan.timer_after if plan.timer_after is not None else float("inf")
+            poll = timeout if plan.polled else None
+            registry.resting[key] = Resting(outcome.resting, held, policies, full_by, due_by, poll)
         if timeout is None:
             return spread(key, self.tuning.idle_resync)
         # Counted from when the plan was made: a pause of 2 s ends 2 s after the batch was recorded ready,
         # however long the pass's own writes took.
         return max(0.0, outcome.decided_at + timeout - time.monotonic())
 
-    def unchanged(self, key: Key) -> bool:
-        """Whether the release's last pass found it at rest, nothing it read has changed since, and its full
-        pass is not due: another pass would read the same objects at the same versions, the same self-test
-        result and the same policies, and plan the same nothing (a plan at rest has no timer, so the clock
-        is not among its inputs). Its resync then only looks at these, from memory, on the event loop: at
-        10,000 releases a resync pass cost 1.9-2.1 ms of the process's CPU on the local cluster, this look
-        a few microseconds. A change that woke the release (an event of its own, a Deployment's) shows here
-        as a new version, so the net under lost wake-ups holds; what no store keeps (the clock, an object
-        read from the API server) is looked at by the full pass."""
+    def unchanged(self, key: Key) -> Resting | None:
+        """What the release's last pass found, when it found nothing to do, nothing it read has changed
+        since, and neither its plan's timer nor its full resync is due: another pass would read the same
+        objects at the same versions, the same self-test result and the same policies, before any time its
+        plan depends on, and plan the same nothing. A resync of a release at rest, or the poll of one
+        waiting on its Deployments, then only looks at these, from memory, on the event loop: at 10,000
+        releases a resync pass cost 1.9-2.1 ms of the process's CPU on the local cluster, and at N = 3,000
+        in ``make compare`` the polls of releases waiting on their pods were 52 passes a release (bench/README.md,
+        "Looks without a pass"). A change that woke the release (an event of its own, a Deployment's)
+        shows here as a new version, so the net under lost wake-ups holds; what no store keeps is looked at
+        by the full pass."""
         rest = self.registry.resting.get(key)
-        if rest is None or time.monotonic() >= rest.full_by or not self._synced():
-            return False
+        now = time.monotonic()
+        if rest is None or now >= rest.full_by or now >= rest.due_by or not self._synced():
+            return None
         if self.releases.version(*key) != rest.inputs.release or self.policies.changes != rest.policies:
-            return False
+            return None
         if (self.held.result if self.held is not None else None) != rest.held:
-            return False
-        return all(self.deployments.version(key[0], name) == version for name, version in rest.inputs.deployments)
+            return None
+        deployments = rest.inputs.deployments
+        return rest if all(self.deployments.version(key[0], n) == v for n, v in deployments) else None
 
     def _passed(self) -> None:
         """A pass ended: once a burst is over, glibc's free memory is handed back, on a thread of the loop's."""

@@ -1,19 +1,21 @@
-"""What a pass at rest reads, and what it says it read: the runtime's resync leaves a release at rest out when
-none of it changed (greyrelease.runtime.controller.Runtime.unchanged), which is right only while a pass at
-rest reads nothing else. These tests hold that: for every router and in follow mode, the pass reads the
-release, its Deployment and the canary's name, and the policies, and its outcome names their versions; a
-pass with anything to do or to wait for names none."""
+"""What a pass that finds nothing to do reads, and what it says it read: the runtime's resync (or poll) leaves
+such a release out when none of it changed (greyrelease.runtime.controller.Runtime.unchanged), which is
+right only while the pass reads nothing else. These tests hold that: for every router, in follow mode, paused
+by hand and waiting for a promotion to roll, the pass reads the release, its Deployment and the canary's
+name, and the policies, and its outcome names their versions; a pass with anything to do, a timer of its
+own, or any other read names none."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from greyrelease.api.release import Obj
+from greyrelease.api.release import GreyReleaseSpec, GreyReleaseStatus, Obj
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import path
-from greyrelease.reconcile.reconciler import Inputs, Outcome, Reconciler
+from greyrelease.reconcile.observe import observe
+from greyrelease.reconcile.reconciler import Inputs, Outcome, ReadLog, Reconciler, inputs_of
 
 from tests.support import builders, follow_cluster
 from tests.support.builders import NS, RELEASE, T0
@@ -137,6 +139,52 @@ def test_a_release_waiting_for_another_names_none() -> None:
     for seconds in range(0, 40, 10):
         outcome = reconciler.reconcile(NS, "web", now=T0 + timedelta(seconds=seconds))
         assert outcome is not None and outcome.plan.status.phase == "Waiting" and outcome.resting is None
+
+
+def test_a_promotion_waiting_for_the_stable_to_roll_names_its_inputs_its_poll_and_its_deadline() -> None:
+    kube = builders.cluster()
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(20):
+        outcome = reconciler.reconcile(NS, "web", now=now)
+        assert outcome is not None
+        if outcome.plan.status.phase == "Promoting":
+            break
+        builders.roll_out(kube)
+        now += timedelta(seconds=30)
+    # The stable's old pods settle (the last batch scaled it down), then it is given the new image; it has
+    # not rolled when the next pass comes.
+    builders.roll_out(kube)
+    now += timedelta(seconds=30)
+    given = reconciler.reconcile(NS, "web", now=now)
+    assert given is not None and given.plan.actions
+    kube.requests.clear()
+    now += timedelta(seconds=30)
+    waiting = reconciler.reconcile(NS, "web", now=now)
+    assert waiting is not None and kube.writes == [] and not waiting.plan.actions
+    assert waiting.plan.polled and waiting.plan.requeue_after == 30.0
+    started = datetime.fromisoformat(builders.status_of(kube)["phaseStartedAt"])
+    # The deadline: 600 s (progressDeadlineSeconds) from the promotion's start.
+    assert waiting.plan.timer_after == 600 - (now - started).total_seconds() == 540
+    release = kube.get(RELEASE)
+    assert release is not None
+    assert waiting.resting == Inputs(
+        str(release["metadata"]["resourceVersion"]),
+        (("web", version(kube, "web")), ("web-canary", version(kube, "web-canary"))),
+    )
+
+
+def test_a_pass_that_read_anything_else_names_none() -> None:
+    kube = builders.cluster()
+    until_at_rest(kube, builders.roll_out, "Succeeded")
+    release = kube.get(RELEASE)
+    assert release is not None
+    spec = GreyReleaseSpec.model_validate(release["spec"])
+    log = ReadLog(kube)
+    scene = observe(log, release, spec, GreyReleaseStatus.model_validate(release["status"]))
+    assert inputs_of(release, scene, log.reads) is not None
+    slices = path("discovery.k8s.io", "v1", "endpointslices", NS)
+    assert inputs_of(release, scene, [*log.reads, ("LIST", slices)]) is None
+    assert inputs_of(release, scene, [*log.reads, ("GET", path("apps", "v1", "deployments", NS, "api"))]) is None
 
 
 def test_a_pass_that_writes_names_none() -> None:

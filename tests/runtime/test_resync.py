@@ -1,10 +1,12 @@
-"""The resync of a release at rest: no pass while nothing its last pass read has changed in memory (the
-release, its Deployments, the hold's self-test result, the policies), a pass as soon as one of them has,
-and a full pass all the same once ``full_resync`` has gone by; a person's ask always passes it."""
+"""The resync of a release at rest, and the poll of one waiting for its stable to roll: no pass while nothing
+its last pass read has changed in memory (the release, its Deployments, the hold's self-test result, the
+policies), a pass as soon as one of them has, when its plan's deadline comes, and all the same once
+``full_resync`` has gone by; a person's ask always passes it."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from greyrelease.kube.memory import MemoryKube
@@ -47,7 +49,7 @@ async def until(check: Callable[[], bool], what: str) -> None:
 
 
 def unchanged_count() -> float:
-    return REGISTRY.get_sample_value("greyrelease_resyncs_unchanged_total") or 0.0
+    return REGISTRY.get_sample_value("greyrelease_passes_skipped_total") or 0.0
 
 
 async def at_rest(kube: MemoryKube, rt: Counted) -> None:
@@ -182,3 +184,46 @@ def test_without_the_deployments_in_memory_every_resync_is_a_pass() -> None:
             rt.stop()
 
     assert asyncio.run(run()) == 4
+
+
+def test_a_promotion_s_polls_make_no_pass_until_its_stable_changes_or_its_deadline_comes() -> None:
+    from tests.support import builders
+
+    kube = builders.cluster(progressDeadlineSeconds=4)
+
+    async def run() -> tuple[str, list[float], int, str]:
+        rt = Counted(kube, tuning=Tuning(threads=2))
+        try:
+            await rt.watch(kube, [NS])
+            phase = ""
+            for _ in range(20):  # through the batches, the control plane converging between passes
+                await fresh(kube, rt)
+                await rt.run_pass(KEY, False)
+                phase = builders.status_of(kube).get("phase", "")
+                if phase == "Promoting":
+                    break
+                builders.roll_out(kube)
+            # The stable's old pods settle (the last batch scaled it down), it is given the new image, and it
+            # does not roll: the pass after that waits for it, polling, until the promotion's deadline.
+            builders.roll_out(kube)
+            for _ in range(2):
+                await fresh(kube, rt)
+                await rt.run_pass(KEY, False)
+            rest = rt.registry.resting[KEY]
+            assert rest.due_by - time.monotonic() <= 4, "no deadline"
+            before, waits = rt.passes, []
+            for _ in range(3):
+                wait = await rt.run_pass(KEY, False)
+                assert wait is not None
+                waits.append(wait)
+            skipped = rt.passes - before
+            await asyncio.sleep(max(0.0, rest.due_by - time.monotonic()) + 0.05)
+            await rt.run_pass(KEY, False)  # the deadline has come: a pass, which rolls back
+            return phase, waits, skipped, builders.status_of(kube).get("phase", "")
+        finally:
+            rt.stop()
+
+    phase, waits, skipped, after = asyncio.run(run())
+    assert phase == "Promoting" and skipped == 0
+    assert all(0 < w <= 4 for w in waits), waits  # due again at the deadline, not after the 30 s poll
+    assert after == "RollingBack"

@@ -38,7 +38,7 @@ from greyrelease.reconcile.policies import POLICIES_PATH, Governing
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 
-__all__ = ["Inputs", "Outcome", "ReadLog", "inputs_of", "Reconciler", "deployments_path", "release_path"]
+__all__ = ["Inputs", "Outcome", "ReadLog", "Reconciler", "deployments_path", "inputs_of", "release_path"]
 
 log = logging.getLogger("greyrelease")
 

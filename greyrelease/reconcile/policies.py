@@ -96,6 +96,23 @@ def read_policies(kube: Kube) -> list[GreyReleasePolicy]:
     return sorted(out, key=lambda p: str(p.metadata.get("name", "")))
 
 
+def governed_by(policies: list[Obj], release: Obj) -> tuple[tuple[str, str], ...]:
+    """The name and resourceVersion of each of ``policies`` (as listed) that governs ``release``: what a
+    pass's plan takes from the policies depends on those only."""
+    models = []
+    for obj in policies:
+        try:
+            models.append(GreyReleasePolicy.model_validate(obj))
+        except ValidationError:  # skipped by the pass too (read_policies)
+            continue
+    return tuple(
+        sorted(
+            (str(p.metadata.get("name", "")), str(p.metadata.get("resourceVersion", "")))
+            for p in governing(models, release)
+        )
+    )
+
+
 def _labels(release: Obj) -> dict[str, str]:
     return dict((release.get("metadata") or {}).get("labels") or {})
 

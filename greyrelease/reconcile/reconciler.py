@@ -34,7 +34,7 @@ from greyrelease.reconcile.gates import Gates, due
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.notify import Delivery, deliveries
 from greyrelease.reconcile.observe import Scene, observe
-from greyrelease.reconcile.policies import POLICIES_PATH, Governing
+from greyrelease.reconcile.policies import POLICIES_PATH, Governing, governed_by
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 
@@ -55,6 +55,8 @@ class Inputs:
 
     release: str
     deployments: tuple[tuple[str, str | None], ...]
+    #: The policies that governed the release, by name and resourceVersion, as the pass listed them.
+    policies: tuple[tuple[str, str], ...] = ()
 
 
 class ReadLog:
@@ -64,6 +66,8 @@ class ReadLog:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self.reads: list[tuple[str, Ref]] = []
+        #: The policies as the pass listed them (the last list of them).
+        self.policies: list[Obj] = []
 
     def get(self, ref: Ref) -> Obj | None:
         self.reads.append(("GET", ref))
@@ -71,7 +75,10 @@ class ReadLog:
 
     def list(self, ref: Ref, *, label_selector: str | None = None) -> list[Obj]:
         self.reads.append(("LIST", ref))
-        return self.kube.list(ref, label_selector=label_selector)
+        found = self.kube.list(ref, label_selector=label_selector)
+        if ref == POLICIES_PATH:
+            self.policies = found
+        return found
 
     def create(self, ref: Ref, body: Obj) -> Obj:
         return self.kube.create(ref, body)
@@ -94,7 +101,9 @@ class ReadLog:
         return self.kube.delete(ref, propagation=propagation)
 
 
-def inputs_of(release: Obj, scene: Scene, reads: list[tuple[str, Ref]]) -> Inputs | None:
+def inputs_of(
+    release: Obj, scene: Scene, reads: list[tuple[str, Ref]], policies: list[Obj] | None = None
+) -> Inputs | None:
     """The :class:`Inputs` of a pass that found nothing to do, when its ``reads`` (besides the release) were
     of its Deployment and canary by name and of the policies only. None when it read anything else (the
     releases a release waiting to start comes after or queues behind, a canary Service's endpoints, the
@@ -116,7 +125,8 @@ def inputs_of(release: Obj, scene: Scene, reads: list[tuple[str, Ref]]) -> Input
     canary_version = canary["metadata"].get("resourceVersion") if canary is not None else None
     if not release_version or not target_version or (canary is not None and not canary_version):
         return None
-    return Inputs(str(release_version), ((name, str(target_version)), (canary_name(name), canary_version)))
+    deployments = ((name, str(target_version)), (canary_name(name), canary_version))
+    return Inputs(str(release_version), deployments, governed_by(policies or [], release))
 
 
 @dataclass
@@ -197,7 +207,7 @@ class Reconciler:
             resting = None
             quiet = not (plan.actions or plan.events or asked or calls or scene.observed.deleting)
             if quiet and plan.status is status and (plan.requeue_after is None or plan.polled):
-                resting = inputs_of(release, scene, log.reads)
+                resting = inputs_of(release, scene, log.reads, log.policies)
             return Outcome(plan, watched, decided_at, spec.follows, resting)
 
     def _notify(

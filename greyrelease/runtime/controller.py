@@ -16,7 +16,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from greyrelease.admission.probe import would_hold
@@ -39,7 +39,7 @@ from greyrelease.planner.machine import aborting
 from greyrelease.planner.observed import HeldCheck
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.held import HeldSelfTest
-from greyrelease.reconcile.policies import Governing
+from greyrelease.reconcile.policies import POLICIES_PATH, Governing, governed_by
 from greyrelease.reconcile.reconciler import Inputs, Outcome, Reconciler
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 from greyrelease.runtime import collector
@@ -121,10 +121,10 @@ class Tuning:
 
 @dataclass(frozen=True, slots=True)  # one per release at rest or waiting on its Deployments
 class Resting:
-    """A release's last pass found nothing to do: what it read (the versions of the release and its
-    Deployments, the self-test result shown, the policies); when a pass is due whatever they say (its
-    plan's timer, ``due_by``, and the full resync, ``full_by``; time.monotonic); and its poll (None: at
-    rest, looked at again at the resync)."""
+    """A release's last pass found nothing to do: what it read (the versions of the release, its Deployments
+    and the policies governing it, the self-test result shown) and the count of the policies' changes then;
+    when a pass is due whatever they say (its plan's timer, ``due_by``, and the full resync, ``full_by``;
+    time.monotonic); and its poll (None: at rest, looked at again at the resync)."""
 
     inputs: Inputs
     held: HeldCheck | None
@@ -447,8 +447,14 @@ class Runtime:
         now = time.monotonic()
         if rest is None or now >= rest.full_by or now >= rest.due_by or not self._synced():
             return None
-        if self.releases.version(*key) != rest.inputs.release or self.policies.changes != rest.policies:
+        if self.releases.version(*key) != rest.inputs.release:
             return None
+        if self.policies.changes != rest.policies:
+            # A policy changed somewhere (or came, or went): those that govern this release, as they are now.
+            changes, release = self.policies.changes, self.releases.get(*key)
+            if release is None or governed_by(self.kube.list(POLICIES_PATH), release) != rest.inputs.policies:
+                return None
+            rest = self.registry.resting[key] = replace(rest, policies=changes)
         if (self.held.result if self.held is not None else None) != rest.held:
             return None
         deployments = rest.inputs.deployments

@@ -6,9 +6,11 @@ policies), a pass as soon as one of them has, when its plan's deadline comes, an
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable
 
+from greyrelease.api.release import Obj
 from greyrelease.kube.memory import MemoryKube
 from greyrelease.kube.protocol import path
 from greyrelease.reconcile.held import HeldSelfTest
@@ -21,7 +23,7 @@ from tests.support.follow_cluster import RELEASE, WEB, cluster, roll_out
 
 KEY = (NS, "web")
 POLICIES = path("greyrelease.io", "v1", "greyreleasepolicies")
-POLICY = {
+POLICY: Obj = {
     "apiVersion": "greyrelease.io/v1",
     "kind": "GreyReleasePolicy",
     "metadata": {"name": "shop-hours"},
@@ -103,6 +105,12 @@ def test_a_release_at_rest_is_not_passed_again_until_something_it_read_changes()
             await until(lambda: len(rt.policies) == 1, "the policy seen")
             await resync("a policy came")
             await resync("at rest with it")
+            elsewhere = copy.deepcopy(POLICY)
+            elsewhere["metadata"]["name"], elsewhere["spec"]["namespaces"] = "elsewhere", ["other"]
+            kube.create(POLICIES, elsewhere)
+            await until(lambda: len(rt.policies) == 2, "the other policy seen")
+            await resync("a policy of another namespace came")
+            await resync("at rest still")
             before = rt.passes
             await rt.run_pass(KEY, True)  # a person's ask
             steps.append(("urgent", rt.passes - before, False))
@@ -118,6 +126,8 @@ def test_a_release_at_rest_is_not_passed_again_until_something_it_read_changes()
         ("the release changed", 1, False),
         ("a policy came", 1, False),
         ("at rest with it", 0, True),
+        ("a policy of another namespace came", 0, True),
+        ("at rest still", 0, True),
         ("urgent", 1, False),
     ]
 

@@ -637,9 +637,10 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
         time.sleep(remaining)
     until = idle_window.started + timedelta(seconds=QUIET_WINDOW)
     # Each release was looked at again in the window (at least twice at one resync every 108-132 s), and
-    # those resyncs are among what wrote nothing below: full passes under the controller without leader
-    # election; under the other, at most the first resync after a release's last status write (its
-    # resourceVersion changed since the pass before), the others without a pass.
+    # those looks are among what wrote nothing below: under the controller without leader election every
+    # resync comes after its 60 s full resync, a full pass (a wake-up sooner than that which finds nothing
+    # changed is left without one); under the other, passes only where something a release read changed
+    # (the first resync after its last status write), the others without one.
     ports = idle_window.metrics_ports
     passes = {m: passes_made(p) - idle_window.passes_at_start[m] for m, p in ports.items()}
     unchanged = {m: passes_made(p, UNCHANGED_METRIC) - idle_window.unchanged_at_start[m] for m, p in ports.items()}
@@ -649,8 +650,7 @@ def test_quiet_when_idle(cluster: Cluster, idle_window: IdleWindow | None) -> No
     )
     resyncs = {m: passes[m] + unchanged[m] for m in ports}
     assert all(n >= 4 for n in resyncs.values()), resyncs
-    assert unchanged["no-leader-elect"] == 0, unchanged
-    assert passes["leader-elect"] <= 2 and unchanged["leader-elect"] >= 2, (passes, unchanged)
+    assert passes["no-leader-elect"] >= 2 and unchanged["leader-elect"] >= 2, (passes, unchanged)
     quiet, leased = idle_window.namespaces["no-leader-elect"], idle_window.namespaces["leader-elect"]
     # Whoever wrote (any client): the releases, apps and Events of these namespaces are nobody else's.
     anyone = audited_writes(local, namespace=quiet, agents=(), since=idle_window.started, until=until)

@@ -501,9 +501,16 @@ class Runtime:
     def wake_held_back(self, *, ended: bool = True) -> None:
         """Wake the releases waiting to start: all of them when a release ended or left the queue, or a
         policy changed (a slot may be free, a place in the queue changed, a window may have moved), else
-        those waiting for a predecessor or a window."""
+        those waiting for a predecessor or a window. And the releases not yet started whose pass runs now:
+        one is known to wait only once its pass ended, and a pass that read the queue before this change
+        would show the old place until something else woke it (seen in e2e/test_governance.py: a release
+        queued behind three showed place 4, then 2, never 3, its first pass having run while the second
+        release took its slot)."""
         for key, phase in list(self.registry.held_back.items()):
             if ended or phase == Phase.WAITING:
+                self.scheduler.add(key)
+        for key in self.scheduler.running_keys():
+            if self.registry.phase_seen.get(key) in (None, "", Phase.QUEUED, Phase.WAITING):
                 self.scheduler.add(key)
 
     def policy_changed(self, kind: str, obj: Obj) -> None:

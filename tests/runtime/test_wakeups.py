@@ -368,3 +368,31 @@ def test_a_release_asked_for_while_its_routine_pass_waits_for_a_thread_has_that_
     asyncio.run(run())
     assert ran[:2] == ["busy", "asked-for"]
     assert sorted(ran) == ["asked-for", "asked-for", "busy", "first", "second"]  # and once more, urgently
+
+
+def test_a_release_not_yet_started_whose_pass_runs_when_a_slot_frees_is_passed_again() -> None:
+    """Its pass may have read the queue before the change: it is known to wait only once that pass ends, so
+    the wake-up of the releases held back would miss it. A release already under way is not passed again."""
+
+    async def run() -> list[tuple[str, str]]:
+        passes: list[tuple[str, str]] = []
+        release = asyncio.Event()
+
+        class Slow(Runtime):
+            async def run_pass(self, key: tuple[str, str], urgent: bool) -> float | None:
+                passes.append(key)
+                if len(passes) <= 2:
+                    await release.wait()  # the first passes run while the other release takes its slot
+                return None
+
+        rt = Slow(MemoryKube(), tuning=Tuning(threads=2))
+        rt.registry.phase_seen[("shop", "under-way")] = "Progressing"
+        rt.scheduler.add(("shop", "new"))
+        rt.scheduler.add(("shop", "under-way"))
+        await asyncio.sleep(0.05)
+        rt.wake_held_back(ended=True)
+        release.set()
+        await asyncio.sleep(0.1)
+        return passes
+
+    assert asyncio.run(run()) == [("shop", "new"), ("shop", "under-way"), ("shop", "new")]

@@ -439,8 +439,8 @@ class Runtime:
         plan depends on, and plan the same nothing. A resync of a release at rest, or the poll of one
         waiting on its Deployments, then only looks at these, from memory, on the event loop: at 10,000
         releases a resync pass cost 1.9-2.1 ms of the process's CPU on the local cluster, and at N = 3,000
-        in ``make compare`` the polls of releases waiting on their pods were 52 passes a release (bench/README.md,
-        "Looks without a pass"). A change that woke the release (an event of its own, a Deployment's)
+        in ``make compare`` the polls of releases waiting on their pods were most of 82 passes a release
+        (bench/README.md, "Looks without a pass"). A change that woke the release (an event of its own, a Deployment's)
         shows here as a new version, so the net under lost wake-ups holds; what no store keeps is looked at
         by the full pass."""
         rest = self.registry.resting.get(key)

@@ -75,9 +75,14 @@ def test_a_release_waits_for_its_window_and_writes_nothing_until_it_opens(
     quiet_from = datetime.now(UTC) + timedelta(seconds=1)  # the Waiting status write and kopf's finalizer are in
     left = (opening - datetime.now(UTC)).total_seconds()
     print(f"\nwaiting {left:.1f} s for the window that opens at {rfc3339(opening)}")
-    time.sleep(max(0.0, (opening - datetime.now(UTC)).total_seconds() - 0.5))
-    assert status(cluster, namespace, "web")["phase"] == "Waiting"
-    assert cluster.kubectl("get", "deployment", "web-canary", "-n", namespace, check=False).returncode != 0
+    time.sleep(max(0.0, (opening - datetime.now(UTC)).total_seconds() - 2.0))
+    phase = status(cluster, namespace, "web")["phase"]
+    canary = cluster.kubectl("get", "deployment", "web-canary", "-n", namespace, check=False).returncode
+    # Judged only if both answered before the window opened: on a busy machine two kubectl calls can take
+    # longer than the margin, and the release rightly starts once the window is open (a canary 0 s old was
+    # seen so). The audit log below and the start time after it hold whatever the calls' speed.
+    if datetime.now(UTC) < opening:
+        assert phase == "Waiting" and canary != 0, (phase, canary)
     if isinstance(cluster, LocalCluster):
         written = audited_writes(cluster, namespace=namespace, since=quiet_from, until=opening)
         # (Leader election renews its Lease every 2 s whatever the releases do: not a write about one.)

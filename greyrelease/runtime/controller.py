@@ -442,7 +442,8 @@ class Runtime:
         in ``make compare`` the polls of releases waiting on their pods were most of 82 passes a release
         (bench/README.md, "Looks without a pass"). A change that woke the release (an event of its own, a Deployment's)
         shows here as a new version, so the net under lost wake-ups holds; what no store keeps is looked at
-        by the full pass."""
+        by the full pass. When the policies changed but not those governing this release, the count of
+        their changes it holds is brought up to date, so that the next look compares a number again."""
         rest = self.registry.resting.get(key)
         now = time.monotonic()
         if rest is None or now >= rest.full_by or now >= rest.due_by or not self._synced():

@@ -60,12 +60,15 @@ class Inputs:
 
 
 class ReadLog:
-    """The API a pass observes through: what it reads (verb and path) is noted, to tell afterwards whether
-    the pass read anything :class:`Inputs` do not name. Writes go through as they are."""
+    """The API a pass observes and acts through: what it reads (verb and path) is noted, to tell afterwards
+    whether the pass read anything :class:`Inputs` do not name, and its writes are counted (dry runs too), to
+    tell whether its actions changed anything: an action finds what it would write already there (a canary
+    at its size while its pods start) and writes nothing."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self.reads: list[tuple[str, Ref]] = []
+        self.writes = 0
         #: The policies as the pass listed them (the last list of them).
         self.policies: list[Obj] = []
 
@@ -81,6 +84,7 @@ class ReadLog:
         return found
 
     def create(self, ref: Ref, body: Obj) -> Obj:
+        self.writes += 1
         return self.kube.create(ref, body)
 
     def patch(
@@ -92,12 +96,15 @@ class ReadLog:
         field_manager: str | None = None,
         dry_run: bool = False,
     ) -> Obj:
+        self.writes += 1
         return self.kube.patch(ref, body, patch_type=patch_type, field_manager=field_manager, dry_run=dry_run)
 
     def replace(self, ref: Ref, body: Obj) -> Obj:
+        self.writes += 1
         return self.kube.replace(ref, body)
 
     def delete(self, ref: Ref, *, propagation: str = "Background") -> Obj | None:
+        self.writes += 1
         return self.kube.delete(ref, propagation=propagation)
 
 
@@ -140,8 +147,9 @@ class Outcome:
     decided_at: float = field(default_factory=time.monotonic)
     #: Follow mode: every change of the target may be news (a template held, a revert, an HPA's resize).
     follows: bool = False
-    #: The pass found nothing to do and nothing to record, and waits for nothing but a change or its poll's
-    #: time (``plan.polled``) or a timer (``plan.timer_after``): what it read.
+    #: The pass wrote nothing (its actions, if any, found what they would write already there) and had nothing
+    #: to record, and waits for nothing but a change or its poll's time (``plan.polled``) or a timer
+    #: (``plan.timer_after``): what it read.
     resting: Inputs | None = None
 
 
@@ -197,7 +205,7 @@ class Reconciler:
                 answers = self.gates.answers(release, spec, status, calls, now)
                 scene.observed = replace(scene.observed, answers=answers)
             plan = numbered(decide(spec, status, scene.observed, now), status)
-            execute(self.kube, plan.actions, scene)
+            execute(log, plan.actions, scene)
             self._notify(release, post_events(self.kube, release, plan, now), plan, status, now)
             if not scene.observed.deleting:  # the deletion's passes end with the object; nothing to record
                 self._record((namespace, name), release, status, plan.status)
@@ -205,7 +213,9 @@ class Reconciler:
             names = {n for n in (scene.target_name, plan.status.target_name) if n}
             watched = tuple(sorted(names | {canary_name(n) for n in names}))
             resting = None
-            quiet = not (plan.actions or plan.events or asked or calls or scene.observed.deleting)
+            # Actions that wrote nothing leave the release as it was (the canary already at its size while its
+            # pods start): the next pass on the same inputs plans them again, and again writes nothing.
+            quiet = not (log.writes or plan.events or asked or calls or scene.observed.deleting)
             if quiet and plan.status is status and (plan.requeue_after is None or plan.polled):
                 resting = inputs_of(release, scene, log.reads, log.policies)
             return Outcome(plan, watched, decided_at, spec.follows, resting)

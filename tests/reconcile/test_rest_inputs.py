@@ -1,9 +1,9 @@
-"""What a pass that finds nothing to do reads, and what it says it read: the runtime's resync (or poll) leaves
-such a release out when none of it changed (greyrelease.runtime.controller.Runtime.unchanged), which is
-right only while the pass reads nothing else. These tests hold that: for every router, in follow mode, paused
-by hand and waiting for a promotion to roll, the pass reads the release, its Deployment and the canary's
-name, and the policies, and its outcome names their versions; a pass with anything to do, a timer of its
-own, or any other read names none."""
+"""What a pass that writes nothing reads, and what it says it read: the runtime's resync (or poll) leaves such
+a release out when none of it changed (greyrelease.runtime.controller.Runtime.unchanged), which is right only
+while the pass reads nothing else. These tests hold that: for every router, in follow mode, paused by hand,
+waiting for a batch's canary pods and for a promotion to roll, the pass reads the release, its Deployment and
+the canary's name, and the policies, and its outcome names their versions; a pass with a timer of its own, a
+write (an action's too) or any other read names none."""
 
 from __future__ import annotations
 
@@ -171,6 +171,57 @@ def test_a_promotion_waiting_for_the_stable_to_roll_names_its_inputs_its_poll_an
         str(release["metadata"]["resourceVersion"]),
         (("web", version(kube, "web")), ("web-canary", version(kube, "web-canary"))),
     )
+
+
+def waiting_for_canary_pods(kube: MemoryKube) -> tuple[Reconciler, datetime]:
+    """Passes 10 s apart, the canary's pods never ready, until one writes nothing: batch 1 waiting for them.
+    The reconciler and the time of the next pass."""
+    reconciler, now = Reconciler(kube), T0
+    for _ in range(10):
+        kube.requests.clear()
+        assert reconciler.reconcile(NS, "web", now=now) is not None
+        now += timedelta(seconds=10)
+        if not kube.writes:
+            return reconciler, now
+    raise AssertionError(f"still writing: {builders.status_of(kube)}")
+
+
+@pytest.mark.parametrize(("routing", "extra", "phase"), ROUTERS)
+def test_a_batch_waiting_for_its_canary_pods_names_its_inputs_its_poll_and_its_deadline(
+    routing: Obj | None, extra: Obj | None, phase: str
+) -> None:
+    """The pass plans the canary at its size again, which finds it so and writes nothing: at rest until a
+    Deployment changes (a pod ready), its poll's time or its deadline."""
+    kube = builders.cluster(**({"trafficRouting": routing} if routing else {}))
+    if extra is not None:
+        kube.put(extra)
+    reconciler, now = waiting_for_canary_pods(kube)
+    kube.requests.clear()
+    waiting = reconciler.reconcile(NS, "web", now=now)
+    assert waiting is not None and kube.requests == AT_REST_READS and waiting.plan.actions
+    assert builders.status_of(kube)["batchState"] == "Upscaling"
+    assert waiting.plan.polled and waiting.plan.requeue_after == 30.0
+    started = datetime.fromisoformat(builders.status_of(kube)["batchTimes"]["startedAt"])
+    assert waiting.plan.timer_after == 600 - (now - started).total_seconds()
+    release = kube.get(RELEASE)
+    assert release is not None
+    assert waiting.resting == Inputs(
+        str(release["metadata"]["resourceVersion"]),
+        (("web", version(kube, "web")), ("web-canary", version(kube, "web-canary"))),
+    )
+
+
+def test_a_pass_whose_action_writes_names_none_though_its_status_is_unchanged() -> None:
+    """Someone scaled the waiting canary to 0: the pass scales it back (its only write; the status stays)."""
+    kube = builders.cluster()
+    reconciler, now = waiting_for_canary_pods(kube)
+    kube.patch(path("apps", "v1", "deployments", NS, "web-canary"), {"spec": {"replicas": 0}})
+    kube.requests.clear()
+    outcome = reconciler.reconcile(NS, "web", now=now)
+    assert outcome is not None and [verb for verb, _ in kube.writes] == ["PATCH"]
+    canary = kube.get(path("apps", "v1", "deployments", NS, "web-canary"))
+    assert canary is not None and canary["spec"]["replicas"] == 1
+    assert outcome.resting is None
 
 
 def test_a_pass_that_read_anything_else_names_none() -> None:

@@ -87,26 +87,24 @@ def read_policies(kube: Kube) -> list[GreyReleasePolicy]:
         found = kube.list(POLICIES_PATH)
     except NotFound:  # the policy CRD is not installed: no policies
         return []
-    return policy_models(found)
-
-
-def policy_models(found: list[Obj], *, warn: bool = True) -> list[GreyReleasePolicy]:
-    """``found`` (policies as listed) as models, by name; one they refuse is skipped (with a log line when
-    ``warn``)."""
     out = []
     for obj in found:
         try:
             out.append(GreyReleasePolicy.model_validate(obj))
         except ValidationError as err:
-            if warn:
-                name = obj.get("metadata", {}).get("name")
-                log.warning(f"GreyReleasePolicy {name}: ignored: {err.errors()[0]['msg']}")
+            log.warning(f"GreyReleasePolicy {obj.get('metadata', {}).get('name')}: ignored: {err.errors()[0]['msg']}")
     return sorted(out, key=lambda p: str(p.metadata.get("name", "")))
 
 
-def governed_by(models: list[GreyReleasePolicy], release: Obj) -> tuple[tuple[str, str], ...]:
-    """The name and resourceVersion of each of the policies (:func:`policy_models`) that governs
-    ``release``: what a pass's plan takes from the policies depends on those only."""
+def governed_by(policies: list[Obj], release: Obj) -> tuple[tuple[str, str], ...]:
+    """The name and resourceVersion of each of ``policies`` (as listed) that governs ``release``: what a
+    pass's plan takes from the policies depends on those only."""
+    models = []
+    for obj in policies:
+        try:
+            models.append(GreyReleasePolicy.model_validate(obj))
+        except ValidationError:  # skipped by the pass too (read_policies)
+            continue
     return tuple(
         sorted(
             (str(p.metadata.get("name", "")), str(p.metadata.get("resourceVersion", "")))

@@ -34,7 +34,7 @@ from greyrelease.reconcile.gates import Gates, due
 from greyrelease.reconcile.held import HeldSelfTest
 from greyrelease.reconcile.notify import Delivery, deliveries
 from greyrelease.reconcile.observe import Scene, observe
-from greyrelease.reconcile.policies import POLICIES_PATH, Governing, governed_by, policy_models
+from greyrelease.reconcile.policies import POLICIES_PATH, Governing, governed_by
 from greyrelease.reconcile.record import numbered, post_events, release_path, write_status
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 
@@ -133,7 +133,7 @@ def inputs_of(
     if not release_version or not target_version or (canary is not None and not canary_version):
         return None
     deployments = ((name, str(target_version)), (canary_name(name), canary_version))
-    return Inputs(str(release_version), deployments, governed_by(policy_models(policies or [], warn=False), release))
+    return Inputs(str(release_version), deployments, governed_by(policies or [], release))
 
 
 @dataclass

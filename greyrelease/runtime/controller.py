@@ -30,7 +30,6 @@ from greyrelease.api.release import (
     TRACK_LABEL,
     VERSION,
     BatchState,
-    GreyReleasePolicy,
     Obj,
     Phase,
 )
@@ -40,7 +39,7 @@ from greyrelease.planner.machine import aborting
 from greyrelease.planner.observed import HeldCheck
 from greyrelease.reconcile import metrics
 from greyrelease.reconcile.held import HeldSelfTest
-from greyrelease.reconcile.policies import POLICIES_PATH, Governing, governed_by, policy_models
+from greyrelease.reconcile.policies import POLICIES_PATH, Governing, governed_by
 from greyrelease.reconcile.reconciler import Inputs, Outcome, Reconciler
 from greyrelease.reconcile.release_metrics import ReleaseSeries
 from greyrelease.runtime import collector
@@ -252,9 +251,6 @@ class Runtime:
         self.deployments = Store(packed=True)
         self.services = Store(packed=True)
         self.policies = Store()
-        #: The policies as models at a count of their changes: after a policy changes, every release at rest
-        #: looks at them once, and each would otherwise validate all of them again.
-        self._models: tuple[int, list[GreyReleasePolicy]] | None = None
         self.kube = CachedKube(kube, writable=shard.writable if shard is not None else None)
         # (Lists of releases are read only by releases waiting to start under a limit or after another.)
         self.kube.cache(path(GROUP, VERSION, PLURAL), self.releases, lists=True)
@@ -436,13 +432,6 @@ class Runtime:
         # however long the pass's own writes took.
         return max(0.0, outcome.decided_at + timeout - time.monotonic())
 
-    def _policy_models(self, changes: int) -> list[GreyReleasePolicy]:
-        """The policies in memory as models, validated once per ``changes`` (the count read before the list:
-        a change in between makes the next look's count differ, and they are read again)."""
-        if self._models is None or self._models[0] != changes:
-            self._models = (changes, policy_models(self.kube.list(POLICIES_PATH), warn=False))
-        return self._models[1]
-
     def unchanged(self, key: Key) -> Resting | None:
         """What the release's last pass found, when it found nothing to do, nothing it read has changed
         since, and neither its plan's timer nor its full resync is due: another pass would read the same
@@ -464,7 +453,7 @@ class Runtime:
         if self.policies.changes != rest.policies:
             # A policy changed somewhere (or came, or went): those that govern this release, as they are now.
             changes, release = self.policies.changes, self.releases.get(*key)
-            if release is None or governed_by(self._policy_models(changes), release) != rest.inputs.policies:
+            if release is None or governed_by(self.kube.list(POLICIES_PATH), release) != rest.inputs.policies:
                 return None
             rest = self.registry.resting[key] = replace(rest, policies=changes)
         if (self.held.result if self.held is not None else None) != rest.held:
